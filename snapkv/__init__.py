@@ -1,0 +1,12 @@
+"""snapkv: KV-cache prompt compression (SnapKV and baselines) for Hugging Face transformers."""
+from .config import CompressorConfig, build_config, METHODS, POOLINGS, GQA_MODES
+from .methods import (FullConfig, H2OConfig, PyramidKVConfig, RandomConfig, SnapKVConfig,
+                      StreamingLLMConfig)
+from .patch import CompressionSession, compress
+from .select import select_positions
+
+__all__ = [
+    "CompressorConfig", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "FullConfig", "H2OConfig",
+    "PyramidKVConfig", "RandomConfig", "SnapKVConfig", "StreamingLLMConfig", "CompressionSession",
+    "compress", "select_positions",
+]

@@ -1,0 +1,56 @@
+"""Which transformers models the compressor drives, and how it reads their attention modules."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
+def decoder_layers(model) -> list:
+    base = getattr(model, "base_model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"model_type={model.config.model_type!r} is not supported: no decoder layers found; "
+                         f"supported: {', '.join(TESTED)}")
+    return list(layers)
+
+
+def check_supported(model) -> None:
+    """Fail loudly for a model whose attention the compressor cannot read."""
+    config = model.config
+    model_type = getattr(config, "model_type", "?")
+    supported = ", ".join(TESTED)
+    for layer in decoder_layers(model):
+        attn = getattr(layer, "self_attn", None)
+        needed = ("q_proj", "k_proj", "v_proj", "head_dim", "layer_idx", "num_key_value_groups")
+        if attn is None or not all(hasattr(attn, n) for n in needed) or rope_function(attn) is None:
+            raise ValueError(f"model_type={model_type!r} is not supported (its attention module differs from "
+                             f"the Llama family's); supported: {supported}")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        sliding = any(t != "full_attention" for t in layer_types)
+    else:
+        sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
+    if sliding:
+        raise ValueError(f"model_type={model_type!r} with sliding_window={config.sliding_window} is not supported: "
+                         "set config.sliding_window=None (Mistral v0.2+ has none)")
+
+
+def rope_function(attn):
+    return getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+
+
+def window_queries(attn, hidden_states: torch.Tensor, position_embeddings, n: int) -> torch.Tensor:
+    """Post-RoPE query states ``[b, H, n, d]`` of the last ``n`` positions, as the module computes them."""
+    hidden = hidden_states[:, -n:]
+    b = hidden.shape[0]
+    q = attn.q_proj(hidden).view(b, hidden.shape[1], -1, attn.head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3 normalises queries per head before RoPE
+        q = attn.q_norm(q)
+    q = q.transpose(1, 2)
+    cos, sin = position_embeddings
+    cos, sin = cos[:, -n:], sin[:, -n:]
+    q, _ = rope_function(attn)(q, q[:, :1], cos, sin)
+    return q

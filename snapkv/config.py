@@ -1,0 +1,93 @@
+"""Configuration shared by every compression method: fields, validation, the registry."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+POOLINGS = ("maxpool", "avgpool", "none")
+GQA_MODES = ("mean", "max", "repeat")
+
+
+def check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+def check_int(field: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}")
+
+
+@dataclass
+class CompressorConfig:
+    """Base of all method configs.
+
+    ``budget`` is the number of tokens each head keeps after prefill, the always-kept recent
+    ``window`` included (as in the official SnapKV ``max_capacity_prompt``).
+    """
+
+    budget: int = 1024
+    window: int = 32
+    gqa: str = "mean"
+
+    method: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_int("budget", self.budget, 2)
+        check_int("window", self.window, 1)
+        if self.budget <= self.window:
+            raise ValueError(f"budget={self.budget} must be larger than window={self.window}")
+        check_choice("gqa", self.gqa, GQA_MODES)
+
+    @property
+    def compresses(self) -> bool:
+        return True
+
+    def layer_budget(self, layer_idx: int, num_layers: int) -> int:
+        """Tokens kept per head at ``layer_idx`` (uniform unless a method says otherwise)."""
+        return self.budget
+
+    def recent_window(self, layer_idx: int, num_layers: int) -> int:
+        """The most recent prompt tokens every head keeps unconditionally."""
+        return self.window
+
+    def score(self, ctx) -> "torch.Tensor":  # noqa: F821
+        """Importance of the earlier positions ``[0, L - window)``: ``[batch, heads, L - window]``."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        out = {"method": self.method}
+        out.update({f.name: getattr(self, f.name) for f in fields(self)})
+        return out
+
+
+METHODS: dict[str, type] = {}
+
+
+def register(cls):
+    METHODS[cls.method] = cls
+    return cls
+
+
+def build_config(method: str, **values) -> CompressorConfig:
+    """Build a method's config from loose values (e.g. a Hydra node).
+
+    Fields common to the compressor config group (budget, window, kernel, pooling, gqa) that a
+    method does not use are dropped, so one sweep can cover several methods; any other unknown
+    field is an error.
+    """
+    from . import methods  # noqa: F401  (fills the registry)
+
+    check_choice("compressor.method", method, sorted(METHODS))
+    cls = METHODS[method]
+    known = {f.name for f in fields(cls)}
+    shared = {"budget", "window", "kernel", "pooling", "gqa"}
+    unknown = set(values) - known - shared
+    if unknown:
+        raise ValueError(
+            f"compressor.{sorted(unknown)[0]} is not a field of {method}; allowed: {', '.join(sorted(known))}"
+        )
+    return cls(**{k: v for k, v in values.items() if k in known})

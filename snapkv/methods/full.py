@@ -1,0 +1,22 @@
+"""Full KV: the uncompressed baseline (a no-op that still reports cache lengths)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import CompressorConfig, register
+
+
+@register
+@dataclass
+class FullConfig(CompressorConfig):
+    method = "full"
+    budget: int | None = None
+    window: int = 0
+
+    def validate(self) -> None:
+        if self.budget is not None:
+            raise ValueError(f"budget={self.budget!r}: full KV keeps every token; leave budget unset (null)")
+
+    @property
+    def compresses(self) -> bool:
+        return False

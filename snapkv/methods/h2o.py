@@ -1,0 +1,59 @@
+"""H2O (arXiv 2306.14048), one-shot prefill variant: heavy hitters plus a recent window.
+
+As run in SnapKV's Table 1 (through KVCache-Factory): at prefill, every prompt query's causal
+attention is accumulated per key, the ``budget - window`` keys with the largest total among the
+earlier positions are kept with the last ``window`` tokens; no pooling, and no further eviction
+while decoding (the original H2O evicts at every step). The L x L attention is never held:
+queries are processed in chunks and only the column sums are kept.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..config import register, CompressorConfig
+from ..select import aggregate_heads, mask_padding
+
+_QUERY_CHUNK = 1024
+
+
+def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor,
+                          pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention summed over every query: ``[b, H, L]`` float32."""
+    b, n_heads, length, d = queries.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    k = keys.unsqueeze(2).transpose(-1, -2)
+    total = torch.zeros(b, n_kv, group, length, dtype=torch.float32, device=queries.device)
+    key_pos = torch.arange(length, device=queries.device)
+    for start in range(0, length, _QUERY_CHUNK):
+        q = queries[:, :, start:start + _QUERY_CHUNK].reshape(b, n_kv, group, -1, d)
+        scores = torch.matmul(q, k) / math.sqrt(d)
+        query_pos = key_pos[start:start + q.shape[-2]]
+        blocked = key_pos[None, :] > query_pos[:, None]
+        if pad_mask is not None:
+            blocked = blocked | ~pad_mask[:, None, None, None, :]
+        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32)
+        if pad_mask is not None:
+            probs = probs * pad_mask[:, None, None, start:start + q.shape[-2], None]
+        total += probs.sum(dim=-2)
+    return total.reshape(b, n_heads, length)
+
+
+@register
+@dataclass
+class H2OConfig(CompressorConfig):
+    method = "h2o"
+    budget: int = 4096
+    window: int = 32
+    gqa: str = "mean"
+
+    def score(self, ctx):
+        keys = ctx.keys
+        votes = accumulated_attention(ctx.queries(keys.shape[-2]), keys, ctx.pad_mask)
+        votes = aggregate_heads(votes[..., :-self.window], keys.shape[1], self.gqa)
+        return mask_padding(votes, ctx.pad_mask)

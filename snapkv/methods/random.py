@@ -1,0 +1,23 @@
+"""Random selection plus the recent window: the sanity floor every real method must beat."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import CompressorConfig, register
+from ..select import mask_padding
+
+
+@register
+@dataclass
+class RandomConfig(CompressorConfig):
+    method = "random"
+    seed: int = 0
+
+    def score(self, ctx):
+        keys = ctx.keys
+        b, n_kv, length, _ = keys.shape
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + ctx.layer_idx)
+        votes = torch.rand(b, n_kv, length - self.window, generator=generator).to(keys.device)
+        return mask_padding(votes, ctx.pad_mask)

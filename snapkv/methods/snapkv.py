@@ -1,0 +1,30 @@
+"""SnapKV (arXiv 2404.14469): the observation window votes for the positions every head keeps."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import POOLINGS, CompressorConfig, check_choice, check_int, register
+from ..select import snapkv_scores
+
+
+@register
+@dataclass
+class SnapKVConfig(CompressorConfig):
+    """Defaults are the paper's LongBench setting: window 32, kernel 7, max pooling."""
+
+    method = "snapkv"
+    budget: int = 1024
+    window: int = 32
+    kernel: int = 7
+    pooling: str = "maxpool"
+    gqa: str = "mean"
+
+    def validate(self) -> None:
+        super().validate()
+        check_int("kernel", self.kernel, 1)
+        if self.kernel % 2 == 0:
+            raise ValueError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
+        check_choice("pooling", self.pooling, POOLINGS)
+
+    def score(self, ctx):
+        return snapkv_scores(ctx.queries(self.window), ctx.keys, self, ctx.pad_mask)

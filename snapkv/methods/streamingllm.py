@@ -1,0 +1,42 @@
+"""StreamingLLM (arXiv 2309.17453) applied once at prefill: attention sinks plus recent tokens.
+
+Keeps the first ``sink_tokens`` real tokens and the last ``budget - sink_tokens``. Keys keep the
+RoPE positions they were computed with (the original re-indexes positions inside its rolling
+cache; a prompt compressed once has no need to).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import CompressorConfig, check_int, register
+from ..select import mask_padding
+
+
+@register
+@dataclass
+class StreamingLLMConfig(CompressorConfig):
+    method = "streamingllm"
+    budget: int = 1024
+    sink_tokens: int = 4
+    window: int = 0  # derived: budget - sink_tokens
+
+    def validate(self) -> None:
+        check_int("budget", self.budget, 2)
+        check_int("sink_tokens", self.sink_tokens, 1)
+        if self.sink_tokens >= self.budget:
+            raise ValueError(f"sink_tokens={self.sink_tokens} must be smaller than budget={self.budget}")
+        self.window = self.budget - self.sink_tokens
+
+    def score(self, ctx):
+        keys = ctx.keys
+        b, n_kv, length, _ = keys.shape
+        n = length - self.window
+        if ctx.pad_mask is None:
+            first_real = torch.zeros(b, 1, dtype=torch.long, device=keys.device)
+        else:
+            first_real = (~ctx.pad_mask).sum(dim=1, keepdim=True)
+        rank = torch.arange(n, device=keys.device)[None, :] - first_real
+        votes = ((rank >= 0) & (rank < self.sink_tokens)).float()
+        return mask_padding(votes[:, None, :].expand(b, n_kv, n), ctx.pad_mask)

@@ -1,0 +1,128 @@
+"""Pure tensor scoring and selection: the SnapKV observation-window vote.
+
+Every step mirrors the official ``SnapKVCluster.update_kv`` (FasterDecoding/SnapKV): scaled dot
+product in the input dtype, a causal mask inside the window, softmax over all keys in float32 cast
+back to the input dtype, sum over the window queries, 1-D pooling (padding ``kernel // 2``,
+stride 1), top-k. The window x L scores are computed a few KV heads at a time, so no L x L matrix
+and no repeated copy of the keys is ever built.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# Bytes of window x L float32 attention one chunk of heads may hold at once.
+_CHUNK_BYTES = 256 * 2**20
+
+
+def _kv_head_chunk(batch: int, group: int, window: int, length: int) -> int:
+    per_kv_head = batch * group * window * length * 4
+    return max(1, _CHUNK_BYTES // max(per_kv_head, 1))
+
+
+def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
+                     pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of the last ``window`` queries summed over those queries.
+
+    queries ``[b, H, Lq, d]``, keys ``[b, Hkv, L, d]``; returns ``[b, H, L - window]`` in the input
+    dtype (query head ``h`` reads KV head ``h // (H / Hkv)``, as ``repeat_kv`` does).
+    ``pad_mask`` ``[b, L]`` (True = real token) masks padded keys out of the softmax.
+    """
+    b, n_heads, _, d = queries.shape
+    n_kv, length = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    q = queries[:, :, -window:, :].reshape(b, n_kv, group, window, d)
+    dtype_min = torch.finfo(queries.dtype).min
+    causal = torch.full((window, window), dtype_min, dtype=queries.dtype, device=queries.device)
+    causal = torch.triu(causal, diagonal=1)
+    out = []
+    step = _kv_head_chunk(b, group, window, length)
+    for start in range(0, n_kv, step):
+        k = keys[:, start:start + step].unsqueeze(2)
+        scores = torch.matmul(q[:, start:start + step], k.transpose(-1, -2)) / math.sqrt(d)
+        scores[..., -window:] += causal
+        if pad_mask is not None:
+            scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+        out.append(probs[..., :-window].sum(dim=-2))
+    return torch.cat(out, dim=1).reshape(b, n_heads, length - window)
+
+
+def pool(scores: torch.Tensor, pooling: str, kernel: int) -> torch.Tensor:
+    """Smooth ``[b, h, n]`` scores along positions (the paper's clustering step)."""
+    if pooling == "none" or kernel == 1:
+        return scores
+    b, h, n = scores.shape
+    flat = scores.reshape(b * h, 1, n)
+    if pooling == "maxpool":
+        flat = F.max_pool1d(flat, kernel_size=kernel, padding=kernel // 2, stride=1)
+    else:
+        flat = F.avg_pool1d(flat, kernel_size=kernel, padding=kernel // 2, stride=1)
+    return flat.reshape(b, h, n)
+
+
+def aggregate_heads(scores: torch.Tensor, num_kv_heads: int, gqa: str) -> torch.Tensor:
+    """Per-query-head scores ``[b, H, n]`` to the heads the cache keeps.
+
+    ``repeat`` keeps one selection per query head (the official code, which repeats KV to every
+    query head); ``mean``/``max`` combine each KV group's query heads into one selection.
+    """
+    if gqa == "repeat" or scores.shape[1] == num_kv_heads:
+        return scores
+    b, h, n = scores.shape
+    grouped = scores.reshape(b, num_kv_heads, h // num_kv_heads, n)
+    return grouped.mean(dim=2) if gqa == "mean" else grouped.amax(dim=2)
+
+
+def mask_padding(scores: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
+    """Give padded positions the lowest score, so they are kept only when nothing else is left."""
+    if pad_mask is None:
+        return scores
+    n = scores.shape[-1]
+    return scores.masked_fill(~pad_mask[:, None, :n], float("-inf"))
+
+
+def top_positions(scores: torch.Tensor, k: int, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the ``k`` best positions per head, sorted ascending.
+
+    Uses ``torch.topk`` as the official code does. With left padding each row is ranked on its
+    unpadded slice, so a row's choice (ties included) is the one it gets unbatched; a row with
+    fewer than ``k`` real candidates keeps all of them and fills up with padded slots.
+    """
+    if pad_mask is None:
+        return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+    n = scores.shape[-1]
+    pads = (~pad_mask).sum(dim=1)
+    if not torch.equal(pad_mask, torch.arange(pad_mask.shape[1], device=pad_mask.device)[None, :] >= pads[:, None]):
+        raise ValueError("attention_mask: only left padding is supported (zeros before the tokens of each row)")
+    rows = []
+    for row, p in enumerate(pads.tolist()):
+        real = n - p
+        if real >= k:
+            picked = scores[row, :, p:].contiguous().topk(k, dim=-1).indices.sort(dim=-1).values + p
+        else:
+            picked = torch.arange(n - k, n, device=scores.device)[None, :].expand(scores.shape[1], k)
+        rows.append(picked)
+    return torch.stack(rows)
+
+
+def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, cfg,
+                  pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The pooled observation-window vote for positions ``[0, L - window)``."""
+    votes = window_attention(queries, keys, cfg.window, pad_mask)
+    votes = pool(votes, cfg.pooling, cfg.kernel)
+    votes = aggregate_heads(votes, keys.shape[1], cfg.gqa)
+    return mask_padding(votes, pad_mask)
+
+
+def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,
+                     pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Kept earlier positions ``[b, heads, budget - window]`` (DESIGN.md 3.1), sorted ascending."""
+    length = keys.shape[-2]
+    if length < cfg.budget:
+        raise ValueError(f"budget={cfg.budget} is larger than the sequence length {length}")
+    if queries.shape[-2] < cfg.window:
+        raise ValueError(f"queries hold {queries.shape[-2]} rows, fewer than window={cfg.window}")
+    return top_positions(snapkv_scores(queries, keys, cfg, pad_mask), cfg.budget - cfg.window, pad_mask)

@@ -1,0 +1,34 @@
+"""Tiny random transformers models built locally from configs (no network)."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+ARCHITECTURES = {
+    "llama-mha": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=4),
+    "llama-gqa": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2),
+    "mistral": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=None),
+    "mixtral": dict(model_type="mixtral", num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
+                    num_local_experts=4, num_experts_per_tok=2),
+    "qwen2": dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2, use_sliding_window=False),
+    "qwen3": dict(model_type="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  use_sliding_window=False),
+}
+
+
+def tiny_model(name: str = "llama-gqa", attn: str = "sdpa", seed: int = 0, **overrides):
+    spec = {**COMMON, **ARCHITECTURES[name], **overrides}
+    model_type = spec.pop("model_type")
+    config = AutoConfig.for_model(model_type, **spec)
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    # Random init is near-uniform attention; sharpen it so selection is meaningful.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+    return model.eval()
