@@ -4,9 +4,10 @@ from .methods import (FullConfig, H2OConfig, PyramidKVConfig, RandomConfig, Snap
                       StreamingLLMConfig)
 from .patch import CompressionSession, compress
 from .select import select_positions
+from .chunking import chunked_mlp
 
 __all__ = [
     "CompressorConfig", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "FullConfig", "H2OConfig",
     "PyramidKVConfig", "RandomConfig", "SnapKVConfig", "StreamingLLMConfig", "CompressionSession",
-    "compress", "select_positions",
+    "compress", "select_positions", "chunked_mlp",
 ]

@@ -1,0 +1,44 @@
+"""Chat formats: how a model config's ``chat_format`` wraps a prompt before tokenization."""
+from __future__ import annotations
+
+# fastchat's "vicuna_v1.1" conversation, which LongBench's pred.py uses for LongChat/Vicuna.
+_VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
+                  "The assistant gives helpful, detailed, and polite answers to the user's questions.")
+
+CHAT_FORMATS = ("template", "none", "lwm", "longchat", "mistral", "llama2")
+
+
+def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
+    """``(text, add_special_tokens)``: the text to tokenize and whether the tokenizer adds BOS."""
+    if chat_format == "none":
+        return prompt, True
+    if chat_format == "template":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("model.chat_format=template but the tokenizer has no chat template; "
+                             f"choose one of {', '.join(CHAT_FORMATS)}")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return text, False
+    if chat_format == "lwm":  # SnapKV's LongBench/needle scripts for LWM-Text-Chat-1M
+        return f"You are a helpful assistant. USER: {prompt} ASSISTANT: ", True
+    if chat_format == "longchat":
+        return f"{_VICUNA_SYSTEM} USER: {prompt} ASSISTANT:", True
+    if chat_format == "mistral":  # [INST] wrapper; BOS comes from the tokenizer
+        return f"[INST] {prompt} [/INST]", True
+    if chat_format == "llama2":  # LongBench pred.py's llama2 format
+        return f"[INST]{prompt}[/INST]", True
+    raise ValueError(f"model.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
+
+
+def encode_chat(tokenizer, prompt: str, chat_format: str) -> list[int]:
+    text, special = format_chat(tokenizer, prompt, chat_format)
+    return tokenizer(text, add_special_tokens=special).input_ids
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    ids = []
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (eos if isinstance(eos, (list, tuple)) else [eos]) + [getattr(tokenizer, "eos_token_id", None)]:
+        if value is not None and value not in ids:
+            ids.append(int(value))
+    return ids

@@ -1,0 +1,109 @@
+"""What every Hydra task shares: run metadata, compressor building, failure handling."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+import snapkv
+
+from .jsonl import write_json_atomic
+
+CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def make_compressor(node) -> snapkv.CompressorConfig:
+    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("method", "tag")}
+    return snapkv.build_config(node.method, **values)
+
+
+def resolve_device(cfg) -> str:
+    from .runner import default_device
+    device = cfg.get("device", "auto")
+    return default_device() if device in (None, "auto") else device
+
+
+def output_dir(cfg) -> Path:
+    path = Path(cfg.output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_run_metadata(cfg, out: Path, compressor) -> None:
+    import torch
+    import transformers
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
+    write_json_atomic(out / "versions.json", {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "snapkv_bench": _own_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+    })
+    write_json_atomic(out / "compressor.json", compressor.describe())
+
+
+def _own_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("snapkv-bench")
+    except Exception:
+        return "unknown"
+
+
+def _multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:
+        return False
+
+
+def run_guarded(task, cfg: DictConfig):
+    """Run ``task(cfg)``. Bad input: one line on stderr and exit 2. In a sweep a failing job is
+    recorded (``failed.json``) and reported at the end, and the other jobs go on."""
+    try:
+        return task(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        if _multirun():
+            _record_failure(cfg, exc)
+            return None
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        if _multirun():
+            _record_failure(cfg, exc)
+            return None
+        raise
+
+
+def _record_failure(cfg, exc: BaseException) -> None:
+    overrides = list(HydraConfig.get().overrides.task)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "failed.json", {"overrides": overrides, "error": f"{type(exc).__name__}: {exc}",
+                                            "traceback": traceback.format_exc()})
+    print(f"job failed ({' '.join(overrides)}): {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def clear_failure(out: Path) -> None:
+    (out / "failed.json").unlink(missing_ok=True)
+
+
+class ReportFailures(Callback):
+    """At the end of a sweep, list the jobs that failed with their overrides."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)
+        failures = sorted(root.rglob("failed.json"))
+        if not failures:
+            return
+        print(f"\n{len(failures)} job(s) failed:", file=sys.stderr)
+        for path in failures:
+            info = json.loads(path.read_text())
+            print(f"  {' '.join(info['overrides']) or '(no overrides)'}: {info['error']}", file=sys.stderr)

@@ -1,0 +1,98 @@
+"""LongBench v1 / LongBench-E data: find the JSONL files, validate every row."""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from ..runner import cache_root
+
+PAPER_DATASETS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
+                  "gov_report", "qmsum", "multi_news", "trec", "triviaqa", "samsum", "passage_count",
+                  "passage_retrieval_en", "lcc", "repobench-p")
+V1_DATASETS = ("narrativeqa", "qasper", "multifieldqa_en", "multifieldqa_zh", "hotpotqa", "2wikimqa",
+               "musique", "dureader", "gov_report", "qmsum", "multi_news", "vcsum", "trec", "triviaqa",
+               "samsum", "lsht", "passage_count", "passage_retrieval_en", "passage_retrieval_zh", "lcc",
+               "repobench-p")
+E_DATASETS = tuple(f"{d}_e" for d in ("qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report",
+                                      "multi_news", "trec", "triviaqa", "samsum", "passage_count",
+                                      "passage_retrieval_en", "lcc", "repobench-p"))
+ALL_DATASETS = V1_DATASETS + E_DATASETS
+
+_FIELDS = {"input": str, "context": str, "answers": list, "length": int, "dataset": str,
+           "language": str, "_id": str}
+HUB_REPO, HUB_FILE = "THUDM/LongBench", "data.zip"
+
+
+def check_dataset(name: str) -> str:
+    if name not in ALL_DATASETS:
+        raise ValueError(f"longbench.datasets: {name!r} is not a LongBench dataset; allowed: {', '.join(ALL_DATASETS)}")
+    return name
+
+
+def validate_row(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a row must be a JSON object")
+    for name, kind in _FIELDS.items():
+        if name not in row:
+            raise ValueError(f"{where}: missing field {name!r}")
+        if not isinstance(row[name], kind) or (kind is int and isinstance(row[name], bool)):
+            raise ValueError(f"{where}: field {name!r} must be {kind.__name__}, got {type(row[name]).__name__}")
+    if not all(isinstance(a, str) for a in row["answers"]):
+        raise ValueError(f"{where}: field 'answers' must be a list of strings")
+    classes = row.get("all_classes", "missing")
+    if classes == "missing":
+        raise ValueError(f"{where}: missing field 'all_classes' (null where the dataset has none)")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        raise ValueError(f"{where}: field 'all_classes' must be null or a list of strings")
+    return row
+
+
+def read_dataset(path: Path) -> list[dict]:
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+            rows.append(validate_row(row, where))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def _hub_data_dir() -> Path:
+    """The official ``data.zip``, downloaded once into the HF cache and unpacked beside our cache."""
+    target = cache_root() / "longbench"
+    if (target / "data").is_dir():
+        return target / "data"
+    from huggingface_hub import hf_hub_download
+    archive = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset")
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(target)
+    return target / "data"
+
+
+def dataset_file(name: str, data_dir: str | None) -> Path:
+    check_dataset(name)
+    if data_dir:
+        folder = Path(data_dir)
+        for candidate in (folder / f"{name}.jsonl", folder / "data" / f"{name}.jsonl"):
+            if candidate.exists():
+                return candidate
+        raise ValueError(f"longbench.data_dir={data_dir}: no {name}.jsonl there (expected the unpacked "
+                         f"official data.zip of {HUB_REPO}, one <dataset>.jsonl a dataset)")
+    try:
+        folder = _hub_data_dir()
+    except Exception as exc:
+        raise ValueError(f"no LongBench data for {name!r}: offline or hub unreachable ({type(exc).__name__}); "
+                         f"download data.zip from https://huggingface.co/datasets/{HUB_REPO}, unpack it and pass "
+                         "longbench.data_dir=DIR") from None
+    path = folder / f"{name}.jsonl"
+    if not path.exists():
+        raise ValueError(f"{folder}: the unpacked {HUB_FILE} has no {name}.jsonl")
+    return path

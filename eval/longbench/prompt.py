@@ -1,0 +1,45 @@
+"""LongBench prompts exactly as official ``pred.py`` builds them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..chat import encode_chat
+from .metrics import base_dataset
+
+_DATA = Path(__file__).resolve().parent.parent / "data"
+PROMPTS: dict[str, str] = json.loads((_DATA / "dataset2prompt.json").read_text(encoding="utf-8"))
+MAX_NEW_TOKENS: dict[str, int] = json.loads((_DATA / "dataset2maxlen.json").read_text(encoding="utf-8"))
+# Few-shot and code datasets are fed raw: pred.py applies no chat template to them.
+NO_CHAT_DATASETS = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
+
+
+def middle_truncate(tokenizer, prompt: str, max_length: int) -> str:
+    """Keep the first and last ``max_length // 2`` tokens, decoded and re-joined as text (pred.py)."""
+    ids = tokenizer(prompt, truncation=False).input_ids
+    if len(ids) <= max_length:
+        return prompt
+    half = int(max_length / 2)
+    return (tokenizer.decode(ids[:half], skip_special_tokens=True)
+            + tokenizer.decode(ids[-half:], skip_special_tokens=True))
+
+
+def build_input_ids(tokenizer, row: dict, dataset: str, max_length: int, chat_format: str) -> list[int]:
+    name = base_dataset(dataset)
+    prompt = PROMPTS[name].format(**row)
+    # QUIRK (pred.py): truncation is measured before the chat wrapper, which then adds its tokens.
+    prompt = middle_truncate(tokenizer, prompt, max_length)
+    if name in NO_CHAT_DATASETS:
+        return tokenizer(prompt, truncation=False).input_ids
+    return encode_chat(tokenizer, prompt, chat_format)
+
+
+def generation_length(dataset: str, override: int | None) -> int:
+    return int(override) if override else MAX_NEW_TOKENS[base_dataset(dataset)]
+
+
+def extra_stop_ids(tokenizer, dataset: str) -> list[int]:
+    """samsum also stops at a newline (pred.py passes the newline token as an extra EOS)."""
+    if base_dataset(dataset) == "samsum":
+        return [tokenizer.encode("\n", add_special_tokens=False)[-1]]
+    return []

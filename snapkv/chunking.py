@@ -1,0 +1,42 @@
+"""Run each decoder layer's MLP over the sequence in chunks during long prefills.
+
+The MLP is position-wise, so chunking changes no result; it bounds the intermediate activations
+(``L x intermediate_size``) that otherwise dominate memory at hundreds of thousands of tokens.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from .architectures import decoder_layers
+
+
+def _chunked(forward, chunk: int):
+    def run(hidden_states, *args, **kwargs):
+        if hidden_states.dim() != 3 or hidden_states.shape[1] <= chunk:
+            return forward(hidden_states, *args, **kwargs)
+        parts = [forward(part, *args, **kwargs) for part in hidden_states.split(chunk, dim=1)]
+        if isinstance(parts[0], tuple):  # MoE blocks may return (hidden, router_logits)
+            return tuple(torch.cat(items, dim=1 if i == 0 else 0) for i, items in enumerate(zip(*parts)))
+        return torch.cat(parts, dim=1)
+    return run
+
+
+@contextmanager
+def chunked_mlp(model, chunk: int):
+    if chunk < 1:
+        raise ValueError(f"mlp_chunk={chunk} must be a positive number of tokens")
+    patched = []
+    for layer in decoder_layers(model):
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        if mlp is None:
+            continue
+        original = mlp.forward
+        mlp.forward = _chunked(original, chunk)
+        patched.append((mlp, original))
+    try:
+        yield
+    finally:
+        for mlp, _ in patched:
+            del mlp.forward  # drop the instance attribute: the class method is back
