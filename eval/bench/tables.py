@@ -1,0 +1,76 @@
+"""bench.json rows to a Markdown table with full/compressed ratios, and the paper-style figure."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _mib(n):
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _seconds(x):
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _ratio(a, b):
+    return "-" if not a or not b else f"{a / b:.2f}x"
+
+
+def label(row) -> str:
+    return row["method"] if row["method"] in ("full", "empty_cache") else f"{row['method']}-{row['budget']}"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| batch | input tokens | method | prefill s | decode ms/token | decode speed-up vs full | "
+             "peak MiB | peak above model MiB | memory saving vs full | KV cache MiB | KV ratio full/this | OOM |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    full = {(r["batch"], r["input_tokens"]): r for r in rows if r["method"] == "full"}
+    for r in sorted(rows, key=lambda r: (r["batch"], r["input_tokens"], r["method"] != "full", label(r))):
+        base = full.get((r["batch"], r["input_tokens"]), {})
+        decode = r["decode_s_per_token"]
+        lines.append(
+            f"| {r['batch']} | {r['input_tokens']} | {label(r)} | "
+            f"{_seconds(r['prefill_s'])} | "
+            f"{'-' if decode is None else f'{decode * 1000:.1f}'} | {_ratio(base.get('decode_s_per_token'), decode)} | "
+            f"{_mib(r['peak_memory_bytes'])} | {_mib(r.get('peak_above_model_bytes'))} | "
+            f"{_ratio(base.get('peak_above_model_bytes'), r.get('peak_above_model_bytes'))} | "
+            f"{_mib(r['kv_cache_bytes'])} | {_ratio(base.get('kv_cache_bytes'), r['kv_cache_bytes'])} | "
+            f"{'OOM' if r['oom'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(rows: list[dict], path: Path, title: str) -> list[Path]:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series = {}
+    for r in rows:
+        if r["method"] != "empty_cache":
+            series.setdefault((label(r), r["batch"]), []).append(r)
+    for (name, batch), items in sorted(series.items()):
+        items.sort(key=lambda r: r["input_tokens"])
+        ok = [r for r in items if not r["oom"]]
+        line, = ax.plot([r["input_tokens"] for r in ok], [r["decode_s_per_token"] * 1000 for r in ok],
+                        marker="o", label=f"{name} (batch {batch})")
+        for r in items:
+            if r["oom"]:
+                top = max((q["decode_s_per_token"] * 1000 for q in ok), default=1)
+                ax.scatter([r["input_tokens"]], [top], marker="x", color=line.get_color(), s=60)
+                ax.annotate("OOM", (r["input_tokens"], top), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    floor = [r for r in rows if r["method"] == "empty_cache" and not r["oom"]]
+    if floor:
+        ax.axhline(floor[0]["decode_s_per_token"] * 1000, color="grey", linestyle=":", label="empty cache (floor)")
+    ax.set_xlabel("Input sequence length (tokens)")
+    ax.set_ylabel("Decoding latency (ms/token)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    outs = [path.with_suffix(".png"), path.with_suffix(".pdf")]
+    for out in outs:
+        fig.savefig(out, dpi=150)
+    plt.close(fig)
+    return outs

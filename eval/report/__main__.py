@@ -1,0 +1,42 @@
+"""python -m eval.report: every run under report.runs into tables and figures (Hydra app)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from ..hydra_app import CONFIG_PATH, run_guarded
+from .collect import bench_runs, longbench_runs, needle_runs
+from .figures import bench_report, budget_curves, needle_report
+from .table1 import table_rows, write_table1
+
+
+def run(cfg: DictConfig):
+    root, out = Path(cfg.report.runs), Path(cfg.report.out)
+    if not root.is_dir():
+        raise ValueError(f"report.runs={root}: no such folder (run a task first, e.g. make demo)")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    lb = longbench_runs(root)
+    if lb:
+        written += write_table1(table_rows(lb), out)
+        written += budget_curves(lb, out)
+    written += needle_report(needle_runs(root), out)
+    written += bench_report(bench_runs(root), out)
+    if cfg.report.get("label"):
+        (out / "README.md").write_text(f"{cfg.report.label}\n", encoding="utf-8")
+        written.append(out / "README.md")
+    print(f"{len(lb)} LongBench runs -> {len(written)} files under {out}")
+    for path in written:
+        print(f"  {path}")
+    return written
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="report")
+def main(cfg: DictConfig):
+    return run_guarded(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

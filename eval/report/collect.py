@@ -1,0 +1,50 @@
+"""Find finished runs under a results folder and read what each task wrote."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+
+def _config(run: Path) -> dict:
+    path = run / "config.yaml"
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def setting_of(compressor: dict) -> tuple[str, int | None]:
+    return compressor.get("method", "?"), compressor.get("budget")
+
+
+def longbench_runs(root: Path) -> list[dict]:
+    runs = []
+    for result in sorted(Path(root).rglob("result.json")):
+        run = result.parent
+        cfg = _config(run)
+        if cfg.get("task") != "longbench":
+            continue
+        method, budget = setting_of(cfg.get("compressor", {}))
+        runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
+                     "tag": cfg["compressor"].get("tag", method), "compressor": cfg["compressor"],
+                     "scores": json.loads(result.read_text())})
+    return runs
+
+
+def needle_runs(root: Path) -> list[dict]:
+    from ..jsonl import read_records
+    runs = []
+    for cells in sorted(Path(root).rglob("needle.jsonl")):
+        cfg = _config(cells.parent)
+        runs.append({"run": cells.parent, "model": cfg.get("model", {}).get("name", "?"),
+                     "tag": cfg.get("compressor", {}).get("tag", "?"),
+                     "trained_context": cfg.get("model", {}).get("trained_context"), "cells": read_records(cells)})
+    return runs
+
+
+def bench_runs(root: Path) -> list[dict]:
+    runs = []
+    for path in sorted(Path(root).rglob("bench.json")):
+        cfg = _config(path.parent)
+        runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
+                     "rows": json.loads(path.read_text())})
+    return runs

@@ -1,0 +1,83 @@
+"""Report figures: LongBench score vs budget, needle heatmaps and summary, speed/memory."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..bench.tables import figure as bench_figure, markdown as bench_markdown
+from ..needle.heatmap import save_heatmap, save_side_by_side
+
+
+def budget_curves(runs: list[dict], out: Path) -> list[Path]:
+    """Score vs budget, one panel per dataset, one line per (model, method, pooling); full KV dashed."""
+    datasets = sorted({d for r in runs for d, v in r["scores"].items() if isinstance(v, (int, float))})
+    if not datasets:
+        return []
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.6), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        lines: dict = {}
+        for r in runs:
+            score = r["scores"].get(dataset)
+            if not isinstance(score, (int, float)):
+                continue
+            if r["method"] == "full":
+                ax.axhline(score, linestyle="--", color="black", linewidth=1, label=f"{r['model']} full")
+                continue
+            name = f"{r['model']} {r['method']} {r['compressor'].get('pooling') or ''}".strip()
+            lines.setdefault(name, []).append((r["budget"], score))
+        for name, points in sorted(lines.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_xlabel("KV budget (tokens)")
+        ax.set_ylabel("score")
+        ax.set_title(dataset)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    paths = [out / "budget_curve.png", out / "budget_curve.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def needle_report(runs: list[dict], out: Path) -> list[Path]:
+    paths = []
+    summary = []
+    for r in runs:
+        name = f"needle_{r['model']}_{r['tag']}"
+        paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['tag']}", r["trained_context"])
+        for length in sorted({c["context_length"] for c in r["cells"]}):
+            cells = [c for c in r["cells"] if c["context_length"] == length]
+            ok = [c["score"] for c in cells if not c.get("oom")]
+            summary.append({"model": r["model"], "setting": r["tag"], "context_length": length,
+                            "mean_score": round(sum(ok) / len(ok), 3) if ok else None,
+                            "oom_cells": len(cells) - len(ok)})
+    if len(runs) > 1:
+        paths += save_side_by_side([(f"{r['model']} · {r['tag']}", r["cells"]) for r in runs],
+                                   out / "needle_side_by_side.png", runs[0]["trained_context"])
+    if summary:
+        with (out / "needle_summary.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(summary[0]))
+            writer.writeheader()
+            writer.writerows(summary)
+        md = ["| model | setting | context length | mean score | OOM cells |", "|---|---|---|---|---|"]
+        md += [f"| {s['model']} | {s['setting']} | {s['context_length']} | "
+               f"{'OOM' if s['mean_score'] is None else s['mean_score']} | {s['oom_cells']} |" for s in summary]
+        (out / "needle_summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+        paths += [out / "needle_summary.csv", out / "needle_summary.md"]
+    return paths
+
+
+def bench_report(runs: list[dict], out: Path) -> list[Path]:
+    paths = []
+    for r in runs:
+        name = f"speed_memory_{r['model']}"
+        (out / f"{name}.md").write_text(bench_markdown(r["rows"]), encoding="utf-8")
+        paths.append(out / f"{name}.md")
+        paths += bench_figure(r["rows"], out / f"{name}.png", f"{r['model']}: decoding latency")
+    return paths
