@@ -1,0 +1,36 @@
+"""Integration on the real SmolLM2-135M-Instruct GGUF: a needle the model finds, with and without SnapKV."""
+import pytest
+import torch
+
+import snapkv
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from eval.runner import Runner, load_model
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.load("conf/model/smollm2-135m.yaml")
+    model, tokenizer = load_model(cfg, "cpu")
+    return Runner(model, tokenizer), cfg
+
+
+def test_needle_answered_with_full_kv_and_snapkv(smol):
+    from eval.chat import stop_token_ids
+    from eval.needle.build import Needle, insert_needles, prompt_ids, sentence_end_ids
+    from eval.needle.haystack import haystack_tokens
+    runner, cfg = smol
+    tok = runner.tokenizer
+    needle = Needle("The secret ingredient in Grandma Rosa's lemon cake is a spoonful of cardamom.", "cardamom")
+    stream = haystack_tokens(tok, "noise", 1200)
+    context, _ = insert_needles(tok, stream, [needle], [40], sentence_end_ids(tok, stream))
+    ids = torch.tensor([prompt_ids(tok, context, "What is the secret ingredient in Grandma Rosa's lemon cake?", "template")])
+    stops = stop_token_ids(runner.model, tok)
+    full = runner.generate(ids, snapkv.FullConfig(), 16, stop_ids=stops)
+    assert "cardamom" in tok.decode(full.tokens)
+    cfg_snap = snapkv.SnapKVConfig(budget=1024, window=32, kernel=7)
+    snap = runner.generate(ids, cfg_snap, 16, stop_ids=stops)
+    assert "cardamom" in tok.decode(snap.tokens)
+    assert snap.cache_lengths == [1024] * 30
+    assert full.cache_lengths == [ids.shape[1]] * 30
