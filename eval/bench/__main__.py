@@ -107,6 +107,8 @@ def run(cfg: DictConfig):
     save_run_metadata(cfg, out, make_compressor(cfg.compressor))
     if cfg.bench.plan:
         write_json_atomic(out / "plan.json", print_plan(cfg))
+        if not cfg.bench.measure:
+            return []
     specs = specs_of(cfg)
     results = out / "bench.jsonl"
     done = {_key(r) for r in read_records(results)}

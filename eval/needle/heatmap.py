@@ -38,6 +38,10 @@ def draw(ax, cells: list[dict], title: str, trained_context: int | None = None):
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d9d9d9", edgecolor="#7f7f7f",
                                    hatch="///", linewidth=0.5))
         ax.text(j, i, "OOM", ha="center", va="center", fontsize=6, color="#404040")
+    ax.set_xticks([j - 0.5 for j in range(1, len(lengths))], minor=True)
+    ax.set_yticks([i - 0.5 for i in range(1, len(depths))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=1)
+    ax.tick_params(which="minor", length=0)
     ax.set_xticks(range(len(lengths)), [_label(n) for n in lengths], rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
     ax.set_xlabel("Token Limit")
