@@ -19,6 +19,12 @@ from .jsonl import write_json_atomic
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 
 
+def compressor_fields(node) -> dict:
+    """A compressor config node's method fields (without ``method``, ``tag`` and unset values)."""
+    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
+            if k not in ("method", "tag") and v is not None}
+
+
 def make_compressor(node) -> snapkv.CompressorConfig:
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("method", "tag")}
     return snapkv.build_config(node.method, **values)

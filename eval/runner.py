@@ -36,19 +36,23 @@ def packaged_file(spec: str) -> Path:
     return path
 
 
-def _from_gguf(gguf: Path, name: str, dtype):
+def _from_gguf(gguf: Path):
     """Dequantize a GGUF once and keep the transformers weights in the local cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    target = cache_root() / "converted" / f"{name}-{gguf.stat().st_size}"
+    target = cache_root() / "converted" / f"{gguf.stem}-{gguf.stat().st_size}"
     if not (target / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         del model.config.quantization_config
         model.hf_quantizer, model.is_quantized = None, False
-        partial = target.with_suffix(".partial")
+        partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        partial.rename(target)
+        try:
+            partial.rename(target)
+        except OSError:  # a concurrent job finished the same conversion first
+            if not (target / "config.json").exists():
+                raise
     return str(target)
 
 
@@ -57,7 +61,7 @@ def _tokenizer(spec):
     if not spec:
         return None
     if spec.endswith(".gguf") and "/" in spec and not Path(spec).exists():
-        return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec), Path(spec).stem, None))
+        return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec)))
     return AutoTokenizer.from_pretrained(spec)
 
 
@@ -81,7 +85,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
         tokenizer = _tokenizer(cfg.get("tokenizer")) if with_tokenizer else None
     else:
         if cfg.get("package_file"):
-            path = _from_gguf(packaged_file(cfg["package_file"]), cfg["name"], dtype)
+            path = _from_gguf(packaged_file(cfg["package_file"]))
         elif cfg.get("path"):
             path = cfg["path"]
         else:

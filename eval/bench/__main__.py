@@ -12,7 +12,7 @@ from tqdm import tqdm
 import snapkv
 from snapkv.memory import longest_fitting, plan
 
-from ..hydra_app import CONFIG_PATH, clear_failure, output_dir, resolve_device, run_guarded
+from ..hydra_app import CONFIG_PATH, clear_failure, compressor_fields, output_dir, resolve_device, run_guarded
 from ..jsonl import append_record, read_records, write_json_atomic
 from .tables import figure, markdown
 
@@ -23,8 +23,7 @@ def specs_of(cfg) -> list[dict]:
     for m in methods:
         if m not in snapkv.METHODS:
             raise ValueError(f"bench.methods: {m!r} is not a method; allowed: {', '.join(sorted(snapkv.METHODS))}")
-    node = {k: v for k, v in OmegaConf.to_container(cfg.compressor, resolve=True).items()
-            if k not in ("method", "tag") and v is not None}
+    node = compressor_fields(cfg.compressor)
     specs = []
     for batch in b.batch_sizes:
         specs.append(dict(method="empty_cache", budget=None, input_tokens=1, batch=batch))
@@ -87,7 +86,7 @@ def _architecture(cfg) -> dict:
         return OmegaConf.to_container(cfg.model.architecture, resolve=True)
     from transformers import AutoConfig
     from ..runner import _from_gguf, packaged_file
-    path = _from_gguf(packaged_file(cfg.model.package_file), cfg.model.name, None) if cfg.model.get(
+    path = _from_gguf(packaged_file(cfg.model.package_file)) if cfg.model.get(
         "package_file") else cfg.model.path
     return AutoConfig.from_pretrained(path).to_dict()
 
@@ -146,8 +145,7 @@ def _add_predictions(cfg, rows: list[dict]) -> None:
         arch = _architecture(cfg)
     except Exception:
         return
-    node = {k: v for k, v in OmegaConf.to_container(cfg.compressor, resolve=True).items()
-            if k not in ("method", "tag") and v is not None}
+    node = compressor_fields(cfg.compressor)
     for r in rows:
         if r["oom"] or r.get("peak_above_model_bytes") is None or r["method"] == "empty_cache":
             continue
