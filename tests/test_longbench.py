@@ -101,3 +101,55 @@ def test_standalone_scorer(tmp_path):
                                  "length": 10}])
     assert main([str(tmp_path)]) == 0
     assert json.loads((tmp_path / "result.json").read_text()) == {"trec": 100.0}
+
+
+def test_hub_data_zip_is_downloaded_once_and_unpacked(tmp_path, monkeypatch):
+    import zipfile
+    import huggingface_hub
+    from eval.longbench import data
+    archive = tmp_path / "data.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("data/hotpotqa.jsonl", "".join(json.dumps(r) + "\n" for r in rows(2)))
+    calls = []
+
+    def fake_download(repo, filename, repo_type):
+        calls.append((repo, filename, repo_type))
+        return str(archive)
+
+    monkeypatch.setenv("SNAPKV_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    for _ in range(2):
+        assert len(read_dataset(data.dataset_file("hotpotqa", None))) == 2
+    assert calls == [("THUDM/LongBench", "data.zip", "dataset")]
+
+
+def test_offline_without_data_is_one_clear_error(tmp_path, monkeypatch):
+    import huggingface_hub
+    from eval.longbench import data
+
+    def offline(*args, **kwargs):
+        raise OSError("no network")
+
+    monkeypatch.setenv("SNAPKV_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(ValueError, match="longbench.data_dir=DIR"):
+        data.dataset_file("qasper", None)
+
+
+def test_out_of_memory_sample_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    from eval.runner import Runner
+    write(tmp_path / "hotpotqa.jsonl", rows(3))
+    real = Runner.generate
+    def flaky(self, ids, *args, **kwargs):
+        if ids.shape[1] > 0 and flaky.calls == 1:
+            flaky.calls += 1
+            raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        flaky.calls += 1
+        return real(self, ids, *args, **kwargs)
+    flaky.calls = 0
+    monkeypatch.setattr(Runner, "generate", flaky)
+    run_app(tmp_path)
+    lines = [json.loads(l) for l in (tmp_path / "run" / "pred" / "hotpotqa.jsonl").read_text().splitlines()]
+    assert [l.get("oom", False) for l in lines] == [False, True, False]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["hotpotqa"] == {"rows": 3, "scored": 2, "oom": 1}

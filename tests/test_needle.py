@@ -92,3 +92,18 @@ def test_heatmap_marks_oom(tmp_path):
     _, _, scores, oom = grid_of(cells)
     assert oom[:, 2].all() and not oom[:, :2].any()
     assert save_heatmap(cells, tmp_path / "h.png", "t", trained_context=2500)[0].exists()
+
+
+def test_multi_needle_cells_score_every_answer(tmp_path):
+    from eval.needle.__main__ import run
+    overrides = ["model=tiny-llama", "compressor=full", "needle.lengths=[300]", "needle.depths=[20]",
+                 "needle.max_new_tokens=2", f"output_dir={tmp_path}",
+                 "needle.extra_needles=[{needle: 'The second key is 99.', answer: '99'}]"]
+    run(compose("needle", overrides))
+    cell = json.loads((tmp_path / "needle.jsonl").read_text().splitlines()[0])
+    assert 0 <= cell["score"] <= 1 and cell["input_tokens"] > 250
+
+
+def test_needle_depths_spread_after_the_first():
+    from eval.needle.build import needle_depths
+    assert needle_depths(40, 3) == [40, 60, 80]
