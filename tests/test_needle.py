@@ -107,3 +107,8 @@ def test_multi_needle_cells_score_every_answer(tmp_path):
 def test_needle_depths_spread_after_the_first():
     from eval.needle.build import needle_depths
     assert needle_depths(40, 3) == [40, 60, 80]
+
+
+def test_longbench_contexts_as_haystack(smol_tokenizer):
+    ids = haystack_tokens(smol_tokenizer, "longbench:multi_news:eval/data/longbench_sample", 3000)
+    assert len(ids) == 3000
