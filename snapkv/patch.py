@@ -57,7 +57,6 @@ class LayerContext:
 
 @dataclass
 class PrefillState:
-    length: int
     pad_mask: torch.Tensor | None
     next_positions: torch.Tensor
     in_prefill: bool = True
@@ -157,7 +156,7 @@ class CompressionSession:
         else:
             next_positions = torch.full((1,), q_len, dtype=torch.long)
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
-        return PrefillState(length=q_len, pad_mask=pad_mask, next_positions=next_positions)
+        return PrefillState(pad_mask=pad_mask, next_positions=next_positions)
 
     def _after_decoder(self, module, args, output):
         if self.state is not None:
@@ -208,12 +207,12 @@ class CompressionSession:
             cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
         else:
             layer.keys, layer.values = new_keys, new_values
-        self._record_kept_mask(state, kept, length)
+        self._record_kept_mask(state, kept)
         state.cache_lengths[idx] = budget
         state.compressed = True
         return None
 
-    def _record_kept_mask(self, state: PrefillState, kept: torch.Tensor, length: int) -> None:
+    def _record_kept_mask(self, state: PrefillState, kept: torch.Tensor) -> None:
         """Remember which kept slots are padding (left-padded rows shorter than the budget)."""
         if state.pad_mask is None:
             return
