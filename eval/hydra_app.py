@@ -19,15 +19,15 @@ from .jsonl import write_json_atomic
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def compressor_fields(node) -> dict:
-    """A compressor config node's method fields (without ``method``, ``tag`` and unset values)."""
+def compressor_fields(node, keep_unset: bool = False) -> dict:
+    """A compressor config node's method fields (without ``method`` and ``tag``; unset ones dropped
+    unless ``keep_unset``, so that a method's own field set to null is still validated)."""
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
-            if k not in ("method", "tag") and v is not None}
+            if k not in ("method", "tag") and (keep_unset or v is not None)}
 
 
 def make_compressor(node) -> snapkv.CompressorConfig:
-    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("method", "tag")}
-    return snapkv.build_config(node.method, **values)
+    return snapkv.build_config(node.method, **compressor_fields(node, keep_unset=True))
 
 
 def resolve_device(cfg) -> str:

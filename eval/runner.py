@@ -116,10 +116,17 @@ class Generation:
     prefill_s: float
     decode_s: float
     cache_lengths: list[int] = field(default_factory=list)
+    kv_cache_bytes: int = 0
 
     @property
     def decode_s_per_token(self) -> float:
         return self.decode_s / max(len(self.tokens) - 1, 1)
+
+
+def kv_cache_bytes(cache) -> int:
+    """Bytes of keys and values a cache holds."""
+    return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
+               if getattr(layer, "keys", None) is not None)
 
 
 def _sync(device) -> None:
@@ -151,6 +158,7 @@ class Runner:
             logits = out.logits[:, -1]
             _sync(self.device)
             prefill_s = time.perf_counter() - start
+            kv_bytes = kv_cache_bytes(cache)
             tokens: list[int] = []
             start = time.perf_counter()
             for step in range(max_new_tokens):
@@ -164,4 +172,4 @@ class Runner:
                 logits = model(nxt, cache=cache, use_cache=True).logits[:, -1]
             _sync(self.device)
             decode_s = time.perf_counter() - start
-        return Generation(tokens, input_ids.shape[1], prefill_s, decode_s, session.cache_lengths)
+        return Generation(tokens, input_ids.shape[1], prefill_s, decode_s, session.cache_lengths, kv_bytes)

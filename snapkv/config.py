@@ -55,7 +55,9 @@ class CompressorConfig:
         return self.window
 
     def score(self, ctx) -> "torch.Tensor":  # noqa: F821
-        """Importance of the earlier positions ``[0, L - window)``: ``[batch, heads, L - window]``."""
+        """Importance of the earlier positions ``[0, L - window)``: ``[batch, heads, L - window]``.
+
+        Padded positions need no special score: ``top_positions`` ranks each row on its real tokens."""
         raise NotImplementedError
 
     def describe(self) -> dict:

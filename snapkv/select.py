@@ -76,14 +76,6 @@ def aggregate_heads(scores: torch.Tensor, num_kv_heads: int, gqa: str) -> torch.
     return grouped.mean(dim=2) if gqa == "mean" else grouped.amax(dim=2)
 
 
-def mask_padding(scores: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
-    """Give padded positions the lowest score, so they are kept only when nothing else is left."""
-    if pad_mask is None:
-        return scores
-    n = scores.shape[-1]
-    return scores.masked_fill(~pad_mask[:, None, :n], float("-inf"))
-
-
 def top_positions(scores: torch.Tensor, k: int, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the ``k`` best positions per head, sorted ascending.
 
@@ -113,8 +105,7 @@ def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, cfg,
     """The pooled observation-window vote for positions ``[0, L - window)``."""
     votes = window_attention(queries, keys, cfg.window, pad_mask)
     votes = pool(votes, cfg.pooling, cfg.kernel)
-    votes = aggregate_heads(votes, keys.shape[1], cfg.gqa)
-    return mask_padding(votes, pad_mask)
+    return aggregate_heads(votes, keys.shape[1], cfg.gqa)
 
 
 def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,

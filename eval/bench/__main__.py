@@ -26,14 +26,14 @@ def specs_of(cfg) -> list[dict]:
     node = compressor_fields(cfg.compressor)
     specs = []
     for batch in b.batch_sizes:
-        specs.append(dict(method="empty_cache", budget=None, input_tokens=1, batch=batch))
+        specs.append(dict(method="empty_cache", run_method="full", budget=None, input_tokens=1, batch=batch))
         for length in b.lengths:
             for method in methods:
                 for budget in ([None] if method == "full" else b.budgets):
                     specs.append(dict(method=method, budget=budget, input_tokens=int(length), batch=int(batch)))
     for s in specs:
         s.update(decode_tokens=int(b.decode_tokens), repeats=int(b.repeats))
-        method = "full" if s["method"] == "empty_cache" else s["method"]
+        method = s.setdefault("run_method", s["method"])
         fields = {} if method == "full" else {**node, "budget": s["budget"]}
         snapkv.build_config(method, **fields)  # validate every configuration before measuring any
         s["compressor"] = fields
@@ -45,17 +45,14 @@ def _key(row) -> tuple:
 
 
 def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
-    request = json.dumps({"model": model_cfg, "device": device,
-                          "spec": {**spec, "method": "full" if spec["method"] == "empty_cache" else spec["method"]}})
+    request = json.dumps({"model": model_cfg, "device": device, "spec": spec})
     proc = subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=request, capture_output=True, text=True)
     if proc.returncode in (-9, 137):  # killed by the kernel's OOM killer
         return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
                 "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": True}
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n{proc.stderr[-2000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    row["method"] = spec["method"]
-    return row
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def print_plan(cfg) -> list[dict]:
@@ -126,8 +123,7 @@ def run(cfg: DictConfig):
             if runner is None:
                 model, _ = load_model(cfg.model, device, with_tokenizer=False)
                 runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
-            row = measure(runner, {**spec, "method": "full" if spec["method"] == "empty_cache" else spec["method"]})
-            row["method"] = spec["method"]
+            row = measure(runner, spec)
         append_record(results, row)
     rows = [r for r in read_records(results) if _key(r) in {_key(s) for s in specs}]
     _add_predictions(cfg, rows)

@@ -14,7 +14,7 @@ import torch
 
 import snapkv
 
-from ..runner import Runner, is_oom, load_model
+from ..runner import Runner, is_oom, kv_cache_bytes, load_model  # noqa: F401 (kv_cache_bytes: re-export)
 
 
 def _reset_cpu_peak() -> None:
@@ -31,26 +31,11 @@ def _cpu_rss(field: str) -> int:
     return 0
 
 
-def kv_cache_bytes(cache) -> int:
-    return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
-               if getattr(layer, "keys", None) is not None)
-
-
-def _kv_after_prefill(model, ids, compressor) -> int:
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode(), snapkv.compress(model, compressor):
-        model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-    size = kv_cache_bytes(cache)
-    del cache
-    return size
-
-
 def measure(runner: Runner, spec: dict) -> dict:
     """One row of bench.json for ``spec`` = {method, budget, input_tokens, batch, decode_tokens, repeats, ...}."""
     model = runner.model
     device = runner.device
-    compressor = snapkv.build_config(spec["method"], **spec.get("compressor", {}))
+    compressor = snapkv.build_config(spec.get("run_method", spec["method"]), **spec.get("compressor", {}))
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (spec.get("batch", 1), spec["input_tokens"]), generator=gen).to(device)
@@ -76,7 +61,7 @@ def measure(runner: Runner, spec: dict) -> dict:
         peak = torch.cuda.max_memory_allocated() if cuda else _cpu_rss("VmHWM")
         row.update(prefill_s=statistics.median(prefill), decode_s_per_token=statistics.median(decode),
                    peak_memory_bytes=int(peak), peak_above_model_bytes=int(peak - base),
-                   kv_cache_bytes=_kv_after_prefill(model, ids, compressor), cache_lengths=out.cache_lengths)
+                   kv_cache_bytes=out.kv_cache_bytes, cache_lengths=out.cache_lengths)
     except Exception as exc:
         if not is_oom(exc):
             raise

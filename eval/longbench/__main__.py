@@ -22,7 +22,7 @@ def run(cfg: DictConfig) -> dict:
         raise ValueError(f"longbench.limit={lb.limit} must be a positive number of rows (or null)")
     if lb.max_new_tokens is not None and int(lb.max_new_tokens) < 1:
         raise ValueError(f"longbench.max_new_tokens={lb.max_new_tokens} must be >= 1 (or null)")
-    work = {d: pending_rows(d, lb.data_dir, lb.limit, out / "pred" / f"{d}.jsonl")[0] for d in datasets}
+    work = {d: pending_rows(d, lb.data_dir, lb.limit, out / "pred" / f"{d}.jsonl") for d in datasets}
     if any(work.values()):
         save_run_metadata(cfg, out, compressor)
         model, tokenizer = load_model(cfg.model, resolve_device(cfg))

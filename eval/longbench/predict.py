@@ -14,13 +14,13 @@ from .data import dataset_file, read_dataset
 from .prompt import build_input_ids, extra_stop_ids, generation_length
 
 
-def pending_rows(dataset: str, data_dir, limit, pred_path: Path) -> tuple[list[dict], list[dict]]:
+def pending_rows(dataset: str, data_dir, limit, pred_path: Path) -> list[dict]:
+    """Rows of ``dataset`` (the first ``limit``) that have no prediction line yet."""
     rows = read_dataset(dataset_file(dataset, data_dir))
     if limit is not None:
         rows = rows[: int(limit)]
-    done = read_records(pred_path)
-    finished = {r.get("_id") for r in done}
-    return [r for r in rows if r["_id"] not in finished], done
+    finished = {r.get("_id") for r in read_records(pred_path)}
+    return [r for r in rows if r["_id"] not in finished]
 
 
 def predict_dataset(runner, dataset: str, rows: list[dict], pred_path: Path, model_cfg, compressor,

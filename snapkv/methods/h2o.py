@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import register, CompressorConfig
-from ..select import aggregate_heads, mask_padding
+from ..select import aggregate_heads
 
 _QUERY_CHUNK = 1024
 
@@ -55,5 +55,4 @@ class H2OConfig(CompressorConfig):
     def score(self, ctx):
         keys = ctx.keys
         votes = accumulated_attention(ctx.queries(keys.shape[-2]), keys, ctx.pad_mask)
-        votes = aggregate_heads(votes[..., :-self.window], keys.shape[1], self.gqa)
-        return mask_padding(votes, ctx.pad_mask)
+        return aggregate_heads(votes[..., :-self.window], keys.shape[1], self.gqa)

@@ -6,10 +6,9 @@ keeps ``window + max - i * step`` tokens, so the mean over layers is about ``bud
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import check_int, register
-from ..select import snapkv_scores
 from .snapkv import SnapKVConfig
 
 
@@ -30,6 +29,3 @@ class PyramidKVConfig(SnapKVConfig):
         step = (largest - smallest) // num_layers
         return self.window + max(largest - layer_idx * step, 1)
 
-    def score(self, ctx):
-        layer_cfg = replace(self, budget=self.layer_budget(ctx.layer_idx, ctx.num_layers))
-        return snapkv_scores(ctx.queries(self.window), ctx.keys, layer_cfg, ctx.pad_mask)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CompressorConfig, register
-from ..select import mask_padding
 
 
 @register
@@ -19,5 +18,4 @@ class RandomConfig(CompressorConfig):
         keys = ctx.keys
         b, n_kv, length, _ = keys.shape
         generator = torch.Generator().manual_seed(self.seed * 100_003 + ctx.layer_idx)
-        votes = torch.rand(b, n_kv, length - self.window, generator=generator).to(keys.device)
-        return mask_padding(votes, ctx.pad_mask)
+        return torch.rand(b, n_kv, length - self.window, generator=generator).to(keys.device)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CompressorConfig, check_int, register
-from ..select import mask_padding
 
 
 @register
@@ -39,4 +38,4 @@ class StreamingLLMConfig(CompressorConfig):
             first_real = (~ctx.pad_mask).sum(dim=1, keepdim=True)
         rank = torch.arange(n, device=keys.device)[None, :] - first_real
         votes = ((rank >= 0) & (rank < self.sink_tokens)).float()
-        return mask_padding(votes[:, None, :].expand(b, n_kv, n), ctx.pad_mask)
+        return votes[:, None, :].expand(b, n_kv, n)
