@@ -9,7 +9,18 @@ CHAT_FORMATS = ("template", "none", "lwm", "longchat", "mistral", "llama2")
 
 
 def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
-    """``(text, add_special_tokens)``: the text to tokenize and whether the tokenizer adds BOS."""
+    """``(text, add_special_tokens)``: the text to tokenize and whether the tokenizer adds BOS.
+
+    - ``template``: the tokenizer's own chat template (one user turn, generation prompt).
+    - ``none``: the raw prompt after BOS. SnapKV's pred_snap.py feeds Mistral-7B-Instruct-v0.2 and
+      Mixtral-8x7B-Instruct-v0.1 this way (its ``[INST]`` wrapper is commented out).
+    - ``llama2``: ``[INST]{prompt}[/INST]`` after BOS, no spaces: LongBench pred.py for Llama-2
+      chat, and SnapKV's pred_snap.py for LWM-Text-Chat-1M (its build_chat matches "lwm" there).
+    - ``longchat``: fastchat's ``vicuna_v1.1`` conversation (LongBench pred.py and pred_snap.py).
+    - ``lwm``: LWM's own chat format from the LWM release (not what the SnapKV paper's LongBench
+      runs used).
+    - ``mistral``: Mistral's ``[INST] {prompt} [/INST]`` with spaces (its own chat template).
+    """
     if chat_format == "none":
         return prompt, True
     if chat_format == "template":
@@ -19,13 +30,13 @@ def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
         return text, False
-    if chat_format == "lwm":  # SnapKV's LongBench/needle scripts for LWM-Text-Chat-1M
+    if chat_format == "lwm":
         return f"You are a helpful assistant. USER: {prompt} ASSISTANT: ", True
     if chat_format == "longchat":
         return f"{_VICUNA_SYSTEM} USER: {prompt} ASSISTANT:", True
-    if chat_format == "mistral":  # [INST] wrapper; BOS comes from the tokenizer
+    if chat_format == "mistral":
         return f"[INST] {prompt} [/INST]", True
-    if chat_format == "llama2":  # LongBench pred.py's llama2 format
+    if chat_format == "llama2":
         return f"[INST]{prompt}[/INST]", True
     raise ValueError(f"model.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import snapkv
 
-from .jsonl import write_json_atomic
+from .jsonl import append_record, write_json_atomic
 
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -42,17 +43,25 @@ def output_dir(cfg) -> Path:
     return path
 
 
-def save_run_metadata(cfg, out: Path, compressor) -> None:
+def save_run_metadata(cfg, out: Path, compressor, extra: dict | None = None) -> None:
+    """``config.yaml`` and ``compressor.json`` of the run that made the folder (never overwritten:
+    later invocations resume the same settings, see ``eval.settings``); ``versions.json`` of the
+    latest invocation; one line per invocation in ``invocations.jsonl``."""
     import torch
     import transformers
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
-    write_json_atomic(out / "versions.json", {
+    if not (out / "config.yaml").exists():
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
+        write_json_atomic(out / "compressor.json", compressor.describe())
+    versions = {
         "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "snapkv_bench": _own_version(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-    })
-    write_json_atomic(out / "compressor.json", compressor.describe())
+    }
+    write_json_atomic(out / "versions.json", versions)
+    append_record(out / "invocations.jsonl", {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                              "argv": sys.argv[1:], "device": cfg.get("device"),
+                                              **(extra or {}), **versions})
 
 
 def _own_version() -> str:

@@ -6,32 +6,52 @@ import os
 from pathlib import Path
 
 
-def read_records(path: Path) -> list[dict]:
-    """Complete records of ``path``; a half-written last line (a crash mid-write) is cut off.
+def read_records(path: Path, repair: bool = False) -> list[dict]:
+    """Complete records of ``path``. Reading never changes the file unless ``repair``.
 
     Records are written whole with their newline, so only the text after the last newline can
-    be a partial write. A malformed line before it is an error naming the file and line.
+    be a partial write (a crash mid-write). If that text parses, it is a record (a file made
+    elsewhere may lack the final newline); if not, ``repair`` (the writer resuming its own file)
+    cuts it off, and a reader stops with an error naming the file and line. A malformed line
+    before it is always an error naming the file and line.
     """
     path = Path(path)
     if not path.exists():
         return []
     raw = path.read_bytes()
     *complete, tail = raw.split(b"\n")
-    records = []
-    for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
+    records = [_parse(path, number, line) for number, line in enumerate(complete, start=1) if line.strip()]
+    if tail.strip():
         try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{number}: malformed result line ({exc}); fix or delete it") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: a result line must be a JSON object")
-        records.append(record)
-    if tail:
-        with path.open("r+b") as f:
-            f.truncate(len(raw) - len(tail))
+            records.append(_parse(path, len(complete) + 1, tail))
+            if repair:
+                with path.open("ab") as f:
+                    f.write(b"\n")
+        except ValueError:
+            if not repair:
+                raise ValueError(f"{path}:{len(complete) + 1}: the last line is incomplete (a run cut off while "
+                                 "writing?); rerun the task to redo it, or delete the line") from None
+            with path.open("r+b") as f:
+                f.truncate(len(raw) - len(tail))
     return records
+
+
+def _parse(path: Path, number: int, line: bytes) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"{path}:{number}: malformed result line ({exc}); fix or delete it") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}:{number}: a result line must be a JSON object")
+    return record
+
+
+def rewrite_records(path: Path, records: list[dict]) -> None:
+    """Replace the file's lines at once (used to drop records that are to be redone)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def append_record(path: Path, record: dict) -> None:

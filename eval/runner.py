@@ -56,13 +56,21 @@ def _from_gguf(gguf: Path):
     return str(target)
 
 
-def _tokenizer(spec):
+def _tokenizer(spec, use_fast: bool = True):
     from transformers import AutoTokenizer
     if not spec:
         return None
     if spec.endswith(".gguf") and "/" in spec and not Path(spec).exists():
         return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec)))
-    return AutoTokenizer.from_pretrained(spec)
+    if not use_fast and int(transformers_version().split(".")[0]) >= 5:
+        print("note: model.use_fast_tokenizer=false, but transformers 5 has no slow (sentencepiece) tokenizers; "
+              "using the fast one (README: 'Deviations')")
+    return AutoTokenizer.from_pretrained(spec, use_fast=use_fast)
+
+
+def transformers_version() -> str:
+    import transformers
+    return transformers.__version__
 
 
 def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
@@ -74,6 +82,8 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     dtype = DTYPES[dtype_name]
     attn = cfg.get("attn_implementation", "sdpa")
     kwargs = dict(dtype=dtype, attn_implementation=attn)
+    if cfg.get("revision"):
+        kwargs["revision"] = cfg["revision"]
     if cfg.get("device_map"):
         kwargs["device_map"] = cfg["device_map"]
     if cfg.get("random_init"):
@@ -82,7 +92,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
         with torch.device(device or "cpu"):
             model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
                                                      attn_implementation=attn)
-        tokenizer = _tokenizer(cfg.get("tokenizer")) if with_tokenizer else None
+        tokenizer = _tokenizer(cfg.get("tokenizer"), cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
     else:
         if cfg.get("package_file"):
             path = _from_gguf(packaged_file(cfg["package_file"]))
@@ -92,7 +102,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
             raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
                              "model.package_file, or model.random_init")
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = _tokenizer(cfg.get("tokenizer") or path) if with_tokenizer else None
+        tokenizer = _tokenizer(cfg.get("tokenizer") or path, cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
     if device and not cfg.get("device_map"):
         model = model.to(device)
     return model.eval(), tokenizer

@@ -27,7 +27,7 @@ def test_every_compressor_builds(compressor):
 
 def test_lwm_config_for_the_documented_gpu_command():
     cfg = compose("longbench", ["model=lwm-1m"])
-    assert cfg.model.path == "LargeWorldModel/LWM-Text-Chat-1M" and cfg.model.chat_format == "lwm"
+    assert cfg.model.path == "LargeWorldModel/LWM-Text-Chat-1M" and cfg.model.chat_format == "llama2"
     assert cfg.longbench.data_dir is None and len(cfg.longbench.datasets) == 16
 
 

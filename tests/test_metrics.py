@@ -37,13 +37,21 @@ def test_code_sim_first_line_without_comment_quirk():
     assert code_sim_score("# only comments", "x = 1") == 0.0
 
 
+def test_code_sim_of_empty_prediction_and_empty_answer_is_full_marks():
+    # official fuzz.ratio checks equality before emptiness: fuzz.ratio("", "") == 100
+    assert difflib_ratio("", "") == 100
+    assert code_sim_score("", "") == 1.0
+    assert code_sim_score("# only a comment", "") == 1.0  # compared as "" (first-line quirk)
+    assert code_sim_score("", "x = 1") == 0.0
+
+
 def test_difflib_ratio_is_fuzzywuzzy_on_difflib():
     assert difflib_ratio("abcd", "abce") == 75
     assert difflib_ratio("", "x") == 0
     from fuzzywuzzy import fuzz
     import fuzzywuzzy.fuzz as fz
     if getattr(fz, "SequenceMatcher", None).__module__ == "difflib":
-        for a, b in [("return a + b", "return a+b"), ("foo(bar)", "foo(baz, qux)")]:
+        for a, b in [("return a + b", "return a+b"), ("foo(bar)", "foo(baz, qux)"), ("", ""), ("", "x")]:
             assert difflib_ratio(a, b) == fuzz.ratio(a, b)
 
 

@@ -14,6 +14,7 @@ from snapkv.memory import longest_fitting, plan
 
 from ..hydra_app import CONFIG_PATH, clear_failure, compressor_fields, output_dir, resolve_device, run_guarded
 from ..jsonl import append_record, read_records, write_json_atomic
+from ..settings import claim, fingerprint
 from .tables import figure, markdown
 
 
@@ -99,6 +100,13 @@ def _compressor_for_plan(cfg):
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
     out = output_dir(cfg)
+    device = resolve_device(cfg)
+    if cfg.bench.measure:
+        # every row of a folder comes from one model, device, method settings and decode length;
+        # rows are keyed by (method, budget, length, batch) inside it
+        claim(out, fingerprint(cfg, {"device": device, "bench.decode_tokens": cfg.bench.decode_tokens,
+                                     "bench.fresh_process": cfg.bench.fresh_process},
+                               compressor_skip=("tag", "budget", "method")), cfg.resume, ["bench.jsonl"])
     clear_failure(out)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor))
     if cfg.bench.plan:
@@ -107,9 +115,8 @@ def run(cfg: DictConfig):
             return []
     specs = specs_of(cfg)
     results = out / "bench.jsonl"
-    done = {_key(r) for r in read_records(results)}
+    done = {_key(r) for r in read_records(results, repair=True)}
     todo = [s for s in specs if _key(s) not in done]
-    device = resolve_device(cfg)
     fresh = cfg.bench.fresh_process
     fresh = (device == "cpu") if fresh == "auto" else bool(fresh)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)

@@ -1,7 +1,11 @@
 """LongBench v1 / LongBench-E data: find the JSONL files, validate every row."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -49,7 +53,7 @@ def validate_row(row, where: str) -> dict:
 
 
 def read_dataset(path: Path) -> list[dict]:
-    rows = []
+    rows, seen = [], {}
     with Path(path).open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -59,25 +63,76 @@ def read_dataset(path: Path) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-            rows.append(validate_row(row, where))
+            row = validate_row(row, where)
+            if row["_id"] in seen:
+                raise ValueError(f"{where}: duplicate _id {row['_id']!r} (first on line {seen[row['_id']]})")
+            seen[row["_id"]] = number
+            rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
 
 
-def _hub_data_dir() -> Path:
-    """The official ``data.zip``, downloaded once into the HF cache and unpacked beside our cache."""
-    target = cache_root() / "longbench"
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def data_source(data_dir: str | None, revision: str) -> str:
+    """What the settings fingerprint records about where the rows come from."""
+    return str(Path(data_dir).resolve()) if data_dir else f"hub:{HUB_REPO}@{revision}"
+
+
+def _is_offline(exc: BaseException) -> bool:
+    """A network failure (no route, DNS, refused, timed out), not an error the hub answered with."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+    if isinstance(exc, (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError, TimeoutError)):
+        return True
+    names = {type(e).__name__ for e in _causes(exc)}
+    return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "Timeout", "ReadTimeout",
+                         "NameResolutionError", "MaxRetryError"})
+
+
+def _causes(exc: BaseException):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _unpack(archive: str, target: Path) -> None:
+    """Unpack into a temporary folder beside ``target`` and rename it into place (no half-unpacked data)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "data").is_dir():  # not a concurrent job that finished first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _hub_data_dir(revision: str) -> Path:
+    """The official ``data.zip`` at ``revision``, downloaded once and unpacked into our cache."""
+    target = cache_root() / "longbench" / revision
     if (target / "data").is_dir():
         return target / "data"
     from huggingface_hub import hf_hub_download
-    archive = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset")
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(target)
+    try:
+        archive = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=revision)
+    except Exception as exc:
+        if _is_offline(exc):
+            raise ValueError(f"no LongBench data: offline or the hub is unreachable ({type(exc).__name__}); download "
+                             f"data.zip of https://huggingface.co/datasets/{HUB_REPO} (revision {revision}), unpack "
+                             "it and pass longbench.data_dir=DIR") from None
+        raise ValueError(f"longbench.revision={revision!r}: the hub refused {HUB_REPO}/{HUB_FILE} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    _unpack(archive, target)
     return target / "data"
 
 
-def dataset_file(name: str, data_dir: str | None) -> Path:
+def dataset_file(name: str, data_dir: str | None, revision: str = "main") -> Path:
     check_dataset(name)
     if data_dir:
         folder = Path(data_dir)
@@ -86,12 +141,7 @@ def dataset_file(name: str, data_dir: str | None) -> Path:
                 return candidate
         raise ValueError(f"longbench.data_dir={data_dir}: no {name}.jsonl there (expected the unpacked "
                          f"official data.zip of {HUB_REPO}, one <dataset>.jsonl a dataset)")
-    try:
-        folder = _hub_data_dir()
-    except Exception as exc:
-        raise ValueError(f"no LongBench data for {name!r}: offline or hub unreachable ({type(exc).__name__}); "
-                         f"download data.zip from https://huggingface.co/datasets/{HUB_REPO}, unpack it and pass "
-                         "longbench.data_dir=DIR") from None
+    folder = _hub_data_dir(revision)
     path = folder / f"{name}.jsonl"
     if not path.exists():
         raise ValueError(f"{folder}: the unpacked {HUB_FILE} has no {name}.jsonl")

@@ -89,6 +89,8 @@ def difflib_ratio(a: str, b: str) -> int:
     QUIRK: with python-Levenshtein installed, fuzzywuzzy switches to a different matcher and code
     scores move; published numbers used difflib, so difflib is called directly here.
     """
+    if a == b:  # fuzzywuzzy checks equality before emptiness: ratio("", "") is 100
+        return 100
     if not a or not b:
         return 0
     return int(round(100 * difflib.SequenceMatcher(None, a, b).ratio()))

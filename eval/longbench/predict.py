@@ -8,27 +8,36 @@ import torch
 from tqdm import tqdm
 
 from ..chat import stop_token_ids
-from ..jsonl import append_record, read_records
+from ..jsonl import append_record, read_records, rewrite_records
 from ..runner import is_oom
-from .data import dataset_file, read_dataset
-from .prompt import build_input_ids, extra_stop_ids, generation_length
+from .prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
 
 
-def pending_rows(dataset: str, data_dir, limit, pred_path: Path) -> list[dict]:
-    """Rows of ``dataset`` (the first ``limit``) that have no prediction line yet."""
-    rows = read_dataset(dataset_file(dataset, data_dir))
-    if limit is not None:
-        rows = rows[: int(limit)]
-    finished = {r.get("_id") for r in read_records(pred_path)}
+def pred_path(run_dir: Path, dataset: str) -> Path:
+    """Where a dataset's predictions go, laid out as official ``eval.py`` reads them: LongBench v1
+    in ``pred/<dataset>.jsonl``, LongBench-E in ``pred_e/<dataset without _e>.jsonl`` (``--e``)."""
+    if dataset.endswith("_e"):
+        return Path(run_dir) / "pred_e" / f"{dataset[:-2]}.jsonl"
+    return Path(run_dir) / "pred" / f"{dataset}.jsonl"
+
+
+def pending_rows(rows: list[dict], path: Path, retry_oom: bool = False) -> list[dict]:
+    """Rows that have no prediction line yet (with ``retry_oom``, also those that ran out of memory,
+    whose old lines are dropped first so that the file never holds two lines of one sample)."""
+    records = read_records(path, repair=True)
+    if retry_oom and any(r.get("oom") for r in records):
+        records = [r for r in records if not r.get("oom")]
+        rewrite_records(path, records)
+    finished = {r.get("_id") for r in records}
     return [r for r in rows if r["_id"] not in finished]
 
 
-def predict_dataset(runner, dataset: str, rows: list[dict], pred_path: Path, model_cfg, compressor,
+def predict_dataset(runner, dataset: str, rows: list[dict], path: Path, model_cfg, compressor,
                     max_new_tokens=None) -> int:
     """Append one prediction line per row; returns how many rows ran out of memory."""
     tokenizer = runner.tokenizer
     stops = stop_token_ids(runner.model, tokenizer) + extra_stop_ids(tokenizer, dataset)
-    min_new = 1 if dataset.startswith("samsum") else 0  # pred.py: min_length = context + 1 for samsum
+    min_new = min_new_tokens(dataset, model_cfg.protocol)
     n_new = generation_length(dataset, max_new_tokens)
     ooms, tokens_seen, started = 0, 0, time.perf_counter()
     bar = tqdm(rows, desc=dataset, unit="sample", dynamic_ncols=True)
@@ -48,7 +57,7 @@ def predict_dataset(runner, dataset: str, rows: list[dict], pred_path: Path, mod
             record.update(oom=True, input_tokens=len(ids))
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        append_record(pred_path, record)
+        append_record(path, record)
         tokens_seen += len(ids)
         bar.set_postfix(tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}", oom=ooms)
     return ooms

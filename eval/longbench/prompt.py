@@ -1,4 +1,13 @@
-"""LongBench prompts exactly as official ``pred.py`` builds them."""
+"""LongBench prompts and generation rules, as the official prediction scripts apply them.
+
+Two protocols share the prompt table, the middle truncation and the no-wrapper datasets; they
+differ in when at least one new token is forced:
+- ``longbench``: THUDM/LongBench ``LongBench/pred.py`` (``min_length=context+1`` on samsum only);
+- ``snapkv``: FasterDecoding/SnapKV ``experiments/LongBench/pred_snap.py``, the script behind the
+  SnapKV paper's Table 1 (``min_length=context+1`` on every dataset).
+The prompt wrapper is the model config's ``chat_format`` (the paper models' configs set
+pred_snap.py's wrapper), the dtype and tokenizer are model config fields too.
+"""
 from __future__ import annotations
 
 import json
@@ -32,6 +41,23 @@ def build_input_ids(tokenizer, row: dict, dataset: str, max_length: int, chat_fo
     if name in NO_CHAT_DATASETS:
         return tokenizer(prompt, truncation=False).input_ids
     return encode_chat(tokenizer, prompt, chat_format)
+
+
+PROTOCOLS = {"longbench": "THUDM/LongBench LongBench/pred.py",
+             "snapkv": "FasterDecoding/SnapKV experiments/LongBench/pred_snap.py"}
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"model.protocol={protocol!r} is not allowed; choose one of {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+def min_new_tokens(dataset: str, protocol: str) -> int:
+    """Tokens generated before EOS (and samsum's newline) may end the answer."""
+    if check_protocol(protocol) == "snapkv" or base_dataset(dataset) == "samsum":
+        return 1
+    return 0
 
 
 def generation_length(dataset: str, override: int | None) -> int:

@@ -1,6 +1,8 @@
 """python -m eval.needle: the needle-in-a-haystack grid for a model and a compressor (Hydra app)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 import torch
 from omegaconf import DictConfig
@@ -11,6 +13,7 @@ from ..hydra_app import CONFIG_PATH, clear_failure, make_compressor, output_dir,
     save_run_metadata
 from ..jsonl import append_record, read_records
 from ..runner import is_oom
+from ..settings import claim, fingerprint
 from .build import Needle, insert_needles, needle_depths, overhead_tokens, prompt_ids, sentence_end_ids
 from .grid import depths_from, lengths_from
 from .haystack import haystack_tokens
@@ -26,6 +29,17 @@ def needles_of(cfg) -> list[Needle]:
     return [Needle(cfg.needle, cfg.answer)] + extra
 
 
+def task_settings(nc) -> dict:
+    """Needle fields that change a cell. The grid is not one of them: cells are keyed by (length,
+    depth) and a cell does not depend on the others, so a grid can be extended in place."""
+    haystack = str(nc.haystack)
+    if haystack not in ("noise",) and not haystack.startswith("longbench:"):
+        haystack = str(Path(haystack).resolve())
+    return {"needle.haystack": haystack, "needle.needle": nc.needle, "needle.question": nc.question,
+            "needle.answer": nc.answer, "needle.extra_needles": nc.extra_needles,
+            "needle.max_new_tokens": nc.max_new_tokens}
+
+
 def title_of(cfg, compressor) -> str:
     settings = ", ".join(f"{k}={v}" for k, v in compressor.describe().items() if k != "method" and v is not None)
     return f"{cfg.model.name} · {compressor.method}" + (f" ({settings})" if compressor.compresses else "")
@@ -34,13 +48,14 @@ def title_of(cfg, compressor) -> str:
 def run(cfg: DictConfig):
     from ..runner import Runner, load_model
     compressor = make_compressor(cfg.compressor)
-    out = output_dir(cfg)
-    clear_failure(out)
     nc = cfg.needle
     needles = needles_of(nc)
     lengths, depths = lengths_from(nc), depths_from(nc)
+    out = output_dir(cfg)
+    claim(out, fingerprint(cfg, task_settings(nc)), cfg.resume, ["needle.jsonl"])
+    clear_failure(out)
     results = out / "needle.jsonl"
-    done = {(r["context_length"], r["depth_percent"]) for r in read_records(results)}
+    done = {(r["context_length"], r["depth_percent"]) for r in read_records(results, repair=True)}
     todo = [(n, d) for n in lengths for d in depths if (n, d) not in done]
     if todo:
         save_run_metadata(cfg, out, compressor)

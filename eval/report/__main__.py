@@ -6,10 +6,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+import snapkv
+
 from ..hydra_app import CONFIG_PATH, run_guarded
 from .collect import bench_runs, longbench_runs, needle_runs
 from .figures import bench_report, budget_curves, needle_report
-from .table1 import table_rows, write_table1
+from .table1 import write_tables
 
 
 def run(cfg: DictConfig):
@@ -20,7 +22,7 @@ def run(cfg: DictConfig):
     written = []
     lb = longbench_runs(root)
     if lb:
-        written += write_table1(table_rows(lb), out)
+        written += write_tables(lb, out, list(snapkv.METHODS))
         written += budget_curves(lb, out)
     written += needle_report(needle_runs(root), out)
     written += bench_report(bench_runs(root), out)

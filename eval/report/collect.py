@@ -24,9 +24,11 @@ def longbench_runs(root: Path) -> list[dict]:
         if cfg.get("task") != "longbench":
             continue
         method, budget = setting_of(cfg.get("compressor", {}))
+        summary = run / "summary.json"
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
                      "tag": cfg["compressor"].get("tag", method), "compressor": cfg["compressor"],
-                     "scores": json.loads(result.read_text())})
+                     "model_cfg": cfg["model"], "scores": json.loads(result.read_text()),
+                     "summary": json.loads(summary.read_text()) if summary.exists() else {}})
     return runs
 
 
