@@ -27,6 +27,36 @@ def compressor_fields(node, keep_unset: bool = False) -> dict:
             if k not in ("method", "tag") and (keep_unset or v is not None)}
 
 
+def typed_text(value, field: str) -> str:
+    """A text field as the user typed it. Hydra types ``needle.answer=58213`` as an int and
+    ``=3.10`` as the float 3.1, so the raw override is read back when there is one; a list or a
+    mapping where text is expected is an error naming the field."""
+    if isinstance(value, str):
+        return value
+    if value is None or OmegaConf.is_config(value) or isinstance(value, (list, dict, tuple)):
+        kind = "nothing" if value is None else "a list or mapping"
+        raise ValueError(f"{field} must be text (got {kind}); quote it if needed: {field}='...'")
+    raw = _raw_override(field)
+    if raw is not None:
+        return raw
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _raw_override(field: str) -> str | None:
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:  # not inside a Hydra app (e.g. a test composing the config)
+        return None
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if sep and key.lstrip("+~") == field:
+            raw = raw.strip()
+            if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+                raw = raw[1:-1]
+            return raw
+    return None
+
+
 def make_compressor(node) -> snapkv.CompressorConfig:
     return snapkv.build_config(node.method, **compressor_fields(node, keep_unset=True))
 

@@ -94,18 +94,37 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
                                                      attn_implementation=attn)
         tokenizer = _tokenizer(cfg.get("tokenizer"), cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
     else:
-        if cfg.get("package_file"):
-            path = _from_gguf(packaged_file(cfg["package_file"]))
-        elif cfg.get("path"):
-            path = cfg["path"]
-        else:
-            raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
-                             "model.package_file, or model.random_init")
+        path = _weights_path(cfg)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         tokenizer = _tokenizer(cfg.get("tokenizer") or path, cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
     if device and not cfg.get("device_map"):
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def _weights_path(cfg) -> str:
+    if cfg.get("package_file"):
+        return _from_gguf(packaged_file(cfg["package_file"]))
+    if cfg.get("path"):
+        return cfg["path"]
+    raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
+                     "model.package_file, or model.random_init")
+
+
+def load_tokenizer(cfg):
+    """The tokenizer of a model config (no weights are loaded)."""
+    spec = cfg.get("tokenizer") or (None if cfg.get("random_init") else _weights_path(cfg))
+    return _tokenizer(spec, cfg.get("use_fast_tokenizer", True))
+
+
+def model_architecture(cfg) -> dict:
+    """The transformers config of a model config as a dict, without loading weights."""
+    from omegaconf import OmegaConf
+    if cfg.get("architecture"):
+        arch = cfg["architecture"]
+        return OmegaConf.to_container(arch, resolve=True) if OmegaConf.is_config(arch) else dict(arch)
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(_weights_path(cfg)).to_dict()
 
 
 def default_device() -> str:

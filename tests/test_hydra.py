@@ -22,7 +22,7 @@ def test_every_model_composes(task, model):
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 def test_every_compressor_builds(compressor):
     cfg = compose("longbench", [f"compressor={compressor}"])
-    assert make_compressor(cfg.compressor).method == compressor
+    assert make_compressor(cfg.compressor).method == compressor.split("_")[0]  # snapkv_needle: a snapkv preset
 
 
 def test_lwm_config_for_the_documented_gpu_command():
@@ -42,9 +42,15 @@ def test_paper_needle_preset():
     cfg = compose("needle", ["experiment=paper_needle"])
     c = make_compressor(cfg.compressor)
     assert (cfg.model.name, c.budget, c.window, c.kernel, c.pooling) == ("lwm-1m", 1024, 16, 5, "maxpool")
-    from eval.needle.grid import lengths_from
-    lengths = lengths_from(cfg.needle)
-    assert lengths[0] == 1000 and lengths[-1] == 380000
+    from eval.needle.grid import depths_from, lengths_from
+    assert len(lengths_from(cfg.needle)) == 45 and len(depths_from(cfg.needle)) == 10
+    assert cfg.needle.scorer == "rouge1" and "Dolores Park" in cfg.needle.needle
+
+
+def test_paper_needle_preset_with_full_kv_baseline():
+    cfg = compose("needle", ["experiment=paper_needle", "compressor=full"])
+    assert make_compressor(cfg.compressor).method == "full"
+    assert cfg.model.name == "lwm-1m" and cfg.needle.grid == "paper"
 
 
 def test_run_dirs_differ_by_swept_values():

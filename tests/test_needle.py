@@ -89,8 +89,8 @@ def test_heatmap_marks_oom(tmp_path):
     from eval.needle.heatmap import grid_of, save_heatmap
     cells = [{"context_length": n, "depth_percent": d, "score": 1.0 if n < 3000 else None, "oom": n >= 3000}
              for n in (1000, 2000, 3000) for d in (0, 50)]
-    _, _, scores, oom = grid_of(cells)
-    assert oom[:, 2].all() and not oom[:, :2].any()
+    _, _, scores, status = grid_of(cells)
+    assert (status[:, 2] == "OOM").all() and not (status[:, :2] != "").any()
     assert save_heatmap(cells, tmp_path / "h.png", "t", trained_context=2500)[0].exists()
 
 
@@ -112,3 +112,142 @@ def test_needle_depths_spread_after_the_first():
 def test_longbench_contexts_as_haystack(smol_tokenizer):
     ids = haystack_tokens(smol_tokenizer, "longbench:multi_news:eval/data/longbench_sample", 3000)
     assert len(ids) == 3000
+
+
+# The 45 "Token Limit" labels of the SnapKV paper's LWM-Text-Chat-1M needle figure.
+PAPER_FIGURE_LENGTHS = [
+    1000, 7513, 14026, 20539, 27051, 33564, 40077, 46590, 53103, 59616, 66128, 72641, 79154, 85667, 92180,
+    98693, 105206, 111718, 118231, 124744, 134000, 144231, 154462, 164692, 174923, 185154, 195385, 205615,
+    215846, 226077, 236308, 246538, 256769, 267000, 277231, 287462, 297692, 307923, 318154, 328385, 338615,
+    348846, 359077, 369308, 379538]
+
+
+def test_paper_grid_is_the_figure():
+    from eval.needle.grid import depths_from, lengths_from
+    cfg = compose("needle", ["needle.grid=paper"]).needle
+    assert lengths_from(cfg) == PAPER_FIGURE_LENGTHS
+    assert depths_from(cfg) == [0, 11, 22, 33, 44, 56, 67, 78, 89, 100]
+
+
+def test_numbers_typed_on_the_command_line_are_text_where_text_is_expected(tmp_path):
+    import subprocess, sys
+    args = [sys.executable, "-m", "eval.needle", "model=tiny-llama", "compressor=full", "needle.lengths=[300]",
+            "needle.depths=50", "needle.max_new_tokens=2", "needle.needle=The code is 3.10 today.",
+            "needle.answer=3.10", "needle.question=42", f"output_dir={tmp_path}"]
+    proc = subprocess.run(args, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["needle.needles"] == [["The code is 3.10 today.", "3.10"]] and settings["needle.question"] == "42"
+    bad = subprocess.run(args[:-1] + ["needle.answer=[1,2]", f"output_dir={tmp_path}/b"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: needle.answer must be text")
+
+
+def test_numeric_answer_from_a_composed_config(tmp_path):
+    from eval.needle.__main__ import read_task
+    task = read_task(compose("needle", ["needle.answer=58213", "needle.needle=The passkey is 58213."]))
+    assert task.needles[0].answer == "58213"
+
+
+def needle_app(tmp_path, *extra):
+    from eval.needle.__main__ import run
+    return run(compose("needle", ["model=tiny-llama", "compressor=full", "needle.max_new_tokens=2",
+                                  f"output_dir={tmp_path}", *extra]))
+
+
+def test_paper_preset_requires_a_haystack(tmp_path, monkeypatch):
+    from eval.needle.__main__ import run
+    monkeypatch.delenv("NEEDLE_HAYSTACK", raising=False)
+    with pytest.raises(ValueError, match="needle.haystack is required"):
+        run(compose("needle", ["experiment=paper_needle", f"output_dir={tmp_path}"]))
+
+
+def test_length_shorter_than_the_fixed_prompt_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"needle.lengths: \[64\] are not longer than the prompt's fixed part"):
+        needle_app(tmp_path, "needle.lengths=[64,300]", "needle.depths=[0]")
+
+
+def test_out_of_memory_lengths_skip_longer_ones_and_retry(tmp_path, monkeypatch):
+    from eval.runner import Runner
+    real, calls = Runner.generate, []
+
+    def small_gpu(self, ids, *args, **kwargs):
+        calls.append(ids.shape[1])
+        if ids.shape[1] > 350:
+            raise torch_oom()
+        return real(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "generate", small_gpu)
+    needle_app(tmp_path, "needle.lengths=[300,400,500,600]", "needle.depths=[0,100]")
+    cells = {(c["context_length"], c["depth_percent"]): c for c in map(json.loads, (tmp_path / "needle.jsonl").open())}
+    assert len(cells) == 8 and max(calls) < 450                     # 500 and 600 never ran
+    assert [cells[(n, 0.0)]["oom"] for n in (300, 400, 500, 600)] == [False, True, True, True]
+    assert "skipped" in cells[(500, 0.0)] and "skipped" not in cells[(400, 0.0)]
+    monkeypatch.setattr(Runner, "generate", real)
+    needle_app(tmp_path, "needle.lengths=[300,400,500,600]", "needle.depths=[0,100]")   # resume: nothing to do
+    assert len((tmp_path / "needle.jsonl").read_text().splitlines()) == 8
+    needle_app(tmp_path, "needle.lengths=[300,400,500,600]", "needle.depths=[0,100]", "needle.retry_oom=true")
+    cells = [json.loads(l) for l in (tmp_path / "needle.jsonl").read_text().splitlines()]
+    assert len(cells) == 8 and not any(c["oom"] for c in cells)
+    assert all(0 <= c["depth_achieved"] <= 100 and c["needle_token_position"] >= 0 for c in cells)
+    assert all({"recall", "exact", "rouge1"} <= set(c) for c in cells)
+
+
+def torch_oom():
+    import torch
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_cell_whose_process_was_killed_is_a_failure_not_an_oom(tmp_path):
+    needle_app(tmp_path, "needle.lengths=[300]", "needle.depths=[0]")
+    (tmp_path / "running.json").write_text(json.dumps({"context_length": 300, "depth_percent": 100.0}))
+    needle_app(tmp_path, "needle.lengths=[300]", "needle.depths=[0,100]")
+    cells = [json.loads(l) for l in (tmp_path / "needle.jsonl").read_text().splitlines()]
+    killed = [c for c in cells if c.get("failed")]
+    assert len(cells) == 2 and len(killed) == 1 and killed[0]["oom"] is False and "killed" in killed[0]["failed"]
+    needle_app(tmp_path, "needle.lengths=[300]", "needle.depths=[0,100]", "needle.retry_failed=true")
+    cells = [json.loads(l) for l in (tmp_path / "needle.jsonl").read_text().splitlines()]
+    assert len(cells) == 2 and not any(c.get("failed") for c in cells)
+    assert not (tmp_path / "running.json").exists()
+
+
+def test_dry_run_plans_the_paper_grid_without_loading_anything(tmp_path, monkeypatch):
+    import eval.runner
+    from eval.needle.__main__ import run
+    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(eval.runner, "load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
+    plan = run(compose("needle", ["experiment=paper_needle", "needle.haystack=noise", "needle.dry_run=true",
+                                  "needle.memory_gib=80", f"output_dir={tmp_path}"]))
+    assert plan["cells"] == 450 and plan["cells_done"] == 0
+    fits = [r["fits"] for r in plan["per_length"]]
+    assert all(fits)                                  # the paper: SnapKV 1024 reaches 380K on one 80 GB GPU
+    assert json.loads((tmp_path / "plan.json").read_text())["lengths"] == PAPER_FIGURE_LENGTHS
+    full = run(compose("needle", ["experiment=paper_needle", "compressor=full", "needle.haystack=noise",
+                                  "needle.dry_run=true", "needle.memory_gib=80", f"output_dir={tmp_path}/full"]))
+    full_fits = [r["fits"] for r in full["per_length"]]
+    assert full_fits[0] and not full_fits[-1] and full_fits == sorted(full_fits, reverse=True)
+
+
+def test_heatmap_labels_are_exact_token_counts_and_lines_are_placed(tmp_path):
+    import matplotlib.pyplot as plt
+    from eval.needle.heatmap import _boundary, draw, frontier_from_bench, frontier_from_cells
+    cells = [{"context_length": n, "depth_percent": d, "score": 0.5, "oom": n > 2000}
+             for n in (1500, 2000, 2500, 3000) for d in (0, 100)]
+    fig, ax = plt.subplots()
+    draw(ax, cells, "t", frontier=frontier_from_cells(cells), trained_context=3000)   # no StopIteration
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["1500", "2000", "2500", "3000"]
+    assert [line.get_xdata()[0] for line in ax.lines] == [1.5]        # after 2000: full KV's last length
+    plt.close(fig)
+    assert frontier_from_cells(cells) == 2000 and _boundary([1500, 2000, 2500], 2100) == 1.5
+    assert frontier_from_cells([{"context_length": 1, "depth_percent": 0, "oom": False}]) is None
+    rows = [{"method": "full", "input_tokens": n, "oom": n >= 32768, "batch": 1} for n in (16384, 32768)]
+    assert frontier_from_bench(rows) == 16384
+
+
+def test_rouge1_scorer_is_the_harness_one():
+    from eval.needle.score import rouge1_score
+    needle = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
+    assert rouge1_score(needle, needle) == pytest.approx(1.0)
+    assert rouge1_score("eat a sandwich and sit in Dolores Park on a sunny day.", needle) == pytest.approx(16 / 22)
+    assert rouge1_score("", needle) == 0.0

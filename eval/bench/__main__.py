@@ -15,6 +15,7 @@ from snapkv.memory import longest_fitting, plan
 from ..hydra_app import CONFIG_PATH, clear_failure, compressor_fields, output_dir, resolve_device, run_guarded
 from ..jsonl import append_record, read_records, write_json_atomic
 from ..settings import claim, fingerprint
+from ..runner import model_architecture
 from .tables import figure, markdown
 
 
@@ -57,7 +58,7 @@ def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
 
 
 def print_plan(cfg) -> list[dict]:
-    b, arch = cfg.bench, _architecture(cfg)
+    b, arch = cfg.bench, model_architecture(cfg.model)
     compressor = _compressor_for_plan(cfg)
     kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
                   attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
@@ -77,16 +78,6 @@ def print_plan(cfg) -> list[dict]:
             print(f"  {r['method']:>10} {r['input_tokens']:>8} tokens: peak {r['peak_bytes'] / 2**30:7.2f} GiB "
                   f"(KV {r['kv_cache_bytes'] / 2**30:.2f}) {'fits' if r['fits'] else 'OOM'}")
     return rows
-
-
-def _architecture(cfg) -> dict:
-    if cfg.model.get("architecture"):
-        return OmegaConf.to_container(cfg.model.architecture, resolve=True)
-    from transformers import AutoConfig
-    from ..runner import _from_gguf, packaged_file
-    path = _from_gguf(packaged_file(cfg.model.package_file)) if cfg.model.get(
-        "package_file") else cfg.model.path
-    return AutoConfig.from_pretrained(path).to_dict()
 
 
 def _compressor_for_plan(cfg):
@@ -145,7 +136,7 @@ def run(cfg: DictConfig):
 def _add_predictions(cfg, rows: list[dict]) -> None:
     """The planner's prediction beside each measured peak (its error is the planner's validation)."""
     try:
-        arch = _architecture(cfg)
+        arch = model_architecture(cfg.model)
     except Exception:
         return
     node = compressor_fields(cfg.compressor)

@@ -8,6 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..plotting import save_figure  # noqa: E402
+
 
 def _mib(n):
     return "-" if n is None else f"{n / 2**20:.1f}"
@@ -68,9 +70,4 @@ def figure(rows: list[dict], path: Path, title: str) -> list[Path]:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    outs = [path.with_suffix(".png"), path.with_suffix(".pdf")]
-    for out in outs:
-        fig.savefig(out, dpi=150)
-    plt.close(fig)
-    return outs
+    return save_figure(fig, path)

@@ -1,6 +1,8 @@
 """python -m eval.needle: the needle-in-a-haystack grid for a model and a compressor (Hydra app)."""
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -8,36 +10,72 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from ..chat import stop_token_ids
+from ..chat import CHAT_FORMATS, stop_token_ids
 from ..hydra_app import CONFIG_PATH, clear_failure, make_compressor, output_dir, resolve_device, run_guarded, \
-    save_run_metadata
-from ..jsonl import append_record, read_records
+    save_run_metadata, typed_text
+from ..jsonl import read_records
 from ..runner import is_oom
 from ..settings import claim, fingerprint
-from .build import Needle, insert_needles, needle_depths, overhead_tokens, prompt_ids, sentence_end_ids
-from .grid import depths_from, lengths_from
+from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_ids, \
+    sentence_end_ids
+from .cells import finish_cell, key, load_cells, out_of_memory_everywhere, start_cell
+from .grid import depths_from, lengths_from, numbers
 from .haystack import haystack_tokens
-from .heatmap import save_heatmap
-from .score import exact_score, recall_score
+from .heatmap import frontier_from_cells, save_heatmap
+from .score import cell_scores, check_scorer
 
 
-def needles_of(cfg) -> list[Needle]:
-    for key in ("needle", "question", "answer"):
-        if not str(cfg.get(key) or "").strip():
-            raise ValueError(f"needle.{key} must be a non-empty string")
-    extra = [Needle(str(n["needle"]), str(n["answer"])) for n in (cfg.extra_needles or [])]
-    return [Needle(cfg.needle, cfg.answer)] + extra
+@dataclass
+class NeedleTask:
+    needles: list[Needle]
+    question: str
+    haystack: str
+    prompt: str
+    chat_format: str
+    scorer: str
+    max_new_tokens: int
+    stop_at_newline: bool
 
 
-def task_settings(nc) -> dict:
+def read_task(cfg) -> NeedleTask:
+    """The needle fields, each accepted as typed on the command line (numbers are text here)."""
+    nc = cfg.needle
+    if nc.get("haystack") is None:
+        raise ValueError("needle.haystack is required here: a folder of .txt files (the paper used Paul Graham's "
+                         "essays), 'noise', or longbench:<dataset>:<dir>; set needle.haystack=DIR or NEEDLE_HAYSTACK")
+    texts = {}
+    for name in ("needle", "question", "answer"):
+        texts[name] = typed_text(nc.get(name), f"needle.{name}")
+        if not texts[name].strip():
+            raise ValueError(f"needle.{name} must be non-empty text")
+    extra = []
+    for i, item in enumerate(nc.get("extra_needles") or []):
+        if not hasattr(item, "get") or item.get("needle") is None or item.get("answer") is None:
+            raise ValueError(f"needle.extra_needles[{i}] must be a mapping {{needle: ..., answer: ...}}")
+        extra.append(Needle(typed_text(item.needle, f"needle.extra_needles[{i}].needle"),
+                            typed_text(item.answer, f"needle.extra_needles[{i}].answer")))
+    chat_format = nc.get("chat_format") or cfg.model.chat_format
+    if chat_format not in CHAT_FORMATS:
+        raise ValueError(f"needle.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
+    max_new = numbers(nc.max_new_tokens, "needle.max_new_tokens")[0]
+    if max_new < 1:
+        raise ValueError(f"needle.max_new_tokens={max_new} must be >= 1")
+    return NeedleTask([Needle(texts["needle"], texts["answer"])] + extra, texts["question"],
+                      typed_text(nc.haystack, "needle.haystack"), check_prompt(nc.get("prompt", "plain")),
+                      chat_format, check_scorer(nc.get("scorer", "recall")), max_new,
+                      bool(nc.get("stop_at_newline", False)))
+
+
+def task_settings(task: NeedleTask) -> dict:
     """Needle fields that change a cell. The grid is not one of them: cells are keyed by (length,
     depth) and a cell does not depend on the others, so a grid can be extended in place."""
-    haystack = str(nc.haystack)
-    if haystack not in ("noise",) and not haystack.startswith("longbench:"):
+    haystack = task.haystack
+    if haystack != "noise" and not haystack.startswith("longbench:"):
         haystack = str(Path(haystack).resolve())
-    return {"needle.haystack": haystack, "needle.needle": nc.needle, "needle.question": nc.question,
-            "needle.answer": nc.answer, "needle.extra_needles": nc.extra_needles,
-            "needle.max_new_tokens": nc.max_new_tokens}
+    return {"needle.haystack": haystack, "needle.needles": [[n.text, n.answer] for n in task.needles],
+            "needle.question": task.question, "needle.prompt": task.prompt, "needle.chat_format": task.chat_format,
+            "needle.scorer": task.scorer, "needle.max_new_tokens": task.max_new_tokens,
+            "needle.stop_at_newline": task.stop_at_newline}
 
 
 def title_of(cfg, compressor) -> str:
@@ -45,56 +83,101 @@ def title_of(cfg, compressor) -> str:
     return f"{cfg.model.name} · {compressor.method}" + (f" ({settings})" if compressor.compresses else "")
 
 
+def check_lengths(lengths: list[int], overhead: int) -> None:
+    short = [n for n in lengths if n <= overhead]
+    if short:
+        raise ValueError(f"needle.lengths: {short} are not longer than the prompt's fixed part ({overhead} tokens: "
+                         f"template, question and needles); the shortest usable length is {overhead + 1}")
+
+
 def run(cfg: DictConfig):
-    from ..runner import Runner, load_model
     compressor = make_compressor(cfg.compressor)
+    task = read_task(cfg)
     nc = cfg.needle
-    needles = needles_of(nc)
     lengths, depths = lengths_from(nc), depths_from(nc)
     out = output_dir(cfg)
-    claim(out, fingerprint(cfg, task_settings(nc)), cfg.resume, ["needle.jsonl"])
+    claim(out, fingerprint(cfg, task_settings(task)), cfg.resume, ["needle.jsonl"])
     clear_failure(out)
     results = out / "needle.jsonl"
-    done = {(r["context_length"], r["depth_percent"]) for r in read_records(results, repair=True)}
+    cells = load_cells(results, bool(nc.get("retry_oom")), bool(nc.get("retry_failed")))
+    done = {key(c) for c in cells}
+    device = resolve_device(cfg)
+    if nc.get("dry_run"):
+        from .plan import dry_run
+        return dry_run(cfg, compressor, lengths, depths, done, out, device)
     todo = [(n, d) for n in lengths for d in depths if (n, d) not in done]
     if todo:
-        save_run_metadata(cfg, out, compressor)
-        model, tokenizer = load_model(cfg.model, resolve_device(cfg))
-        runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
-        stops = stop_token_ids(model, tokenizer)
-        overhead = overhead_tokens(tokenizer, needles, nc.question, cfg.model.chat_format)
-        stream = haystack_tokens(tokenizer, str(nc.haystack), max(lengths) - overhead)
-        ends = sentence_end_ids(tokenizer, stream)
-        bar = tqdm(todo, desc="needle", unit="cell", dynamic_ncols=True)
-        for length, depth in bar:
-            bar.set_postfix(length=length, depth=depth)
-            context, points = insert_needles(tokenizer, stream[: length - overhead], needles,
-                                             needle_depths(depth, len(needles)), ends)
-            ids = prompt_ids(tokenizer, context, nc.question, cfg.model.chat_format)
-            cell = {"context_length": length, "depth_percent": depth, "input_tokens": len(ids),
-                    "needle_token_position": points[0]}
-            try:
-                gen = runner.generate(torch.tensor([ids]), compressor, int(nc.max_new_tokens), stop_ids=stops)
-                tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in stops else gen.tokens
-                response = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-                cell.update(response=response,
-                            score=sum(recall_score(response, n.answer) for n in needles) / len(needles),
-                            exact=sum(exact_score(response, n.answer) for n in needles) / len(needles),
-                            oom=False, prefill_s=round(gen.prefill_s, 4),
-                            cache_tokens=max(gen.cache_lengths) if gen.cache_lengths else None)
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                cell.update(response=None, score=None, exact=None, oom=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            append_record(results, cell)
+        run_cells(cfg, task, compressor, todo, depths, cells, results, device)
     cells = read_records(results)
-    save_heatmap(cells, out / "heatmap.png", title_of(cfg, compressor), cfg.model.get("trained_context"))
-    scored = [c for c in cells if not c.get("oom")]
+    frontier = nc.get("full_kv_frontier") or full_kv_frontier(cfg, compressor, cells, out)
+    save_heatmap(cells, out / "heatmap.png", title_of(cfg, compressor), frontier, cfg.model.get("trained_context"))
+    scored = [c for c in cells if c.get("score") is not None]
     mean = sum(c["score"] for c in scored) / len(scored) if scored else float("nan")
-    print(f"needle: {len(cells)} cells, mean score {mean:.3f}, {len(cells) - len(scored)} OOM -> {out / 'heatmap.png'}")
+    print(f"needle: {len(cells)} cells, mean {task.scorer} {mean:.3f}, {sum(1 for c in cells if c.get('oom'))} OOM, "
+          f"{sum(1 for c in cells if c.get('failed'))} failed -> {out / 'heatmap.png'}")
     return mean
+
+
+def full_kv_frontier(cfg, compressor, cells: list[dict], out: Path) -> int | None:
+    """Where full KV ran out: this run's own OOM cells, or those of a full-KV run beside it."""
+    if not compressor.compresses:
+        return frontier_from_cells(cells)
+    sibling = out.parent / "full" / "needle.jsonl"
+    return frontier_from_cells(read_records(sibling)) if sibling.exists() else None
+
+
+def run_cells(cfg, task: NeedleTask, compressor, todo, depths, cells, results: Path, device: str) -> None:
+    from ..runner import Runner, load_model, load_tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    overhead = overhead_tokens(tokenizer, task.needles, task.question, task.chat_format, task.prompt)
+    check_lengths(sorted({n for n, _ in todo}), overhead)
+    save_run_metadata(cfg, results.parent, compressor)
+    started = time.perf_counter()
+    stream = haystack_tokens(tokenizer, task.haystack, max(n for n, _ in todo) - overhead)
+    ends = sentence_end_ids(tokenizer, stream)
+    print(f"needle: haystack of {len(stream)} tokens tokenized in {time.perf_counter() - started:.2f} s")
+    model, _ = load_model(cfg.model, device, with_tokenizer=False)
+    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    stops = stop_token_ids(model, tokenizer)
+    if task.stop_at_newline:
+        stops.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
+    skip = cfg.needle.get("skip_after_oom", True)
+    bar = tqdm(todo, desc="needle", unit="cell", dynamic_ncols=True)
+    for length, depth in bar:
+        bar.set_postfix(length=length, depth=depth)
+        cell = {"context_length": length, "depth_percent": depth}
+        shorter_oom = [n for n in sorted({c["context_length"] for c in cells})
+                       if n < length and out_of_memory_everywhere(cells, n, depths)]
+        if skip and shorter_oom:
+            cell.update(response=None, score=None, oom=True, skipped=f"{shorter_oom[0]} tokens ran out of memory at "
+                        "every depth (needle.skip_after_oom)")
+            finish_cell(results, cell)
+            cells.append(cell)
+            continue
+        built = time.perf_counter()
+        haystack = stream[: length - overhead]
+        context, points = insert_needles(tokenizer, haystack, task.needles,
+                                         needle_depths(depth, len(task.needles)), ends)
+        ids = prompt_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
+        cell.update(input_tokens=len(ids), needle_token_position=points[0],
+                    depth_achieved=round(100 * points[0] / len(haystack), 2), build_s=round(time.perf_counter() - built, 3))
+        start_cell(results, cell)
+        try:
+            gen = runner.generate(torch.tensor([ids]), compressor, task.max_new_tokens, stop_ids=stops)
+            tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in stops else gen.tokens
+            response = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+            scores = cell_scores(response, task.needles)
+            cell.update(response=response, score=scores[task.scorer], **scores, oom=False,
+                        prefill_s=round(gen.prefill_s, 4),
+                        cache_tokens=max(gen.cache_lengths) if gen.cache_lengths else None)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            cell.update(response=None, score=None, oom=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        finish_cell(results, cell)
+        cells.append(cell)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="needle")

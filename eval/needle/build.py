@@ -5,10 +5,17 @@ from dataclasses import dataclass
 
 from ..chat import encode_chat
 
-PROMPT = ("Below is a long document. One sentence in it matters for the question that follows.\n\n"
-          "{context}\n\n"
-          "Answer the question using the document only, in one short sentence.\n"
-          "Question: {question}")
+PROMPTS = {
+    # written for this project: the question after the document, inside the observation window
+    "plain": ("Below is a long document. One sentence in it matters for the question that follows.\n\n"
+              "{context}\n\n"
+              "Answer the question using the document only, in one short sentence.\n"
+              "Question: {question}"),
+    # the prompt of the needle harness the SnapKV figure descends from (KVCache-Factory
+    # run_needle_in_haystack.py, after Long-Context-Data-Engineering), fed without a chat wrapper
+    "kvcache_factory": ("<|im_start|> This is a very long story book: <book> {context} </book>.\n "
+                        "Based on the content of the book, Question: {question}\nAnswer:"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,20 @@ def insert_needles(tokenizer, haystack: list[int], needles: list[Needle], depths
     return "".join(pieces).strip(), points
 
 
-def prompt_ids(tokenizer, context: str, question: str, chat_format: str) -> list[int]:
-    return encode_chat(tokenizer, PROMPT.format(context=context, question=question), chat_format)
+def check_prompt(name: str) -> str:
+    if name not in PROMPTS:
+        raise ValueError(f"needle.prompt={name!r} is not allowed; choose one of {', '.join(PROMPTS)}")
+    return name
 
 
-def overhead_tokens(tokenizer, needles: list[Needle], question: str, chat_format: str) -> int:
+def prompt_ids(tokenizer, context: str, question: str, chat_format: str, prompt: str = "plain") -> list[int]:
+    return encode_chat(tokenizer, PROMPTS[check_prompt(prompt)].format(context=context, question=question),
+                       chat_format)
+
+
+def overhead_tokens(tokenizer, needles: list[Needle], question: str, chat_format: str, prompt: str = "plain") -> int:
     """Prompt tokens that are not haystack: the template, the question and the needles."""
-    frame = len(prompt_ids(tokenizer, "", question, chat_format))
+    frame = len(prompt_ids(tokenizer, "", question, chat_format, prompt))
     return frame + sum(len(tokenizer(" " + n.text.strip() + " ", add_special_tokens=False).input_ids)
                        for n in needles)
 

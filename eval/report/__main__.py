@@ -10,7 +10,7 @@ import snapkv
 
 from ..hydra_app import CONFIG_PATH, run_guarded
 from .collect import bench_runs, longbench_runs, needle_runs
-from .figures import bench_report, budget_curves, needle_report
+from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report
 from .table1 import write_tables
 
 
@@ -24,8 +24,9 @@ def run(cfg: DictConfig):
     if lb:
         written += write_tables(lb, out, list(snapkv.METHODS))
         written += budget_curves(lb, out)
-    written += needle_report(needle_runs(root), out)
-    written += bench_report(bench_runs(root), out)
+    needles, benches = needle_runs(root), bench_runs(root)
+    written += needle_report(needles, out, full_kv_frontiers(needles, benches))
+    written += bench_report(benches, out)
     if cfg.report.get("label"):
         (out / "README.md").write_text(f"{cfg.report.label}\n", encoding="utf-8")
         written.append(out / "README.md")

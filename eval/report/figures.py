@@ -9,8 +9,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..plotting import save_figure
 from ..bench.tables import figure as bench_figure, markdown as bench_markdown
-from ..needle.heatmap import save_heatmap, save_side_by_side
+from ..needle.heatmap import frontier_from_bench, frontier_from_cells, save_heatmap, save_side_by_side
 
 
 def budget_curves(runs: list[dict], out: Path) -> list[Path]:
@@ -38,28 +39,43 @@ def budget_curves(runs: list[dict], out: Path) -> list[Path]:
         ax.set_title(dataset)
         ax.legend(fontsize=6)
     fig.tight_layout()
-    paths = [out / "budget_curve.png", out / "budget_curve.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=150)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out / "budget_curve.png")
 
 
-def needle_report(runs: list[dict], out: Path) -> list[Path]:
+def full_kv_frontiers(needle_runs: list[dict], bench_runs: list[dict]) -> dict:
+    """Per model, the longest length full KV handled before OOM: from a full-KV needle run's OOM
+    cells, else from measured ``eval.bench`` rows; models with neither get no line."""
+    frontiers = {}
+    for r in bench_runs:
+        value = frontier_from_bench(r["rows"])
+        if value is not None:
+            frontiers[r["model"]] = value
+    for r in needle_runs:
+        if r["tag"] == "full":
+            value = frontier_from_cells(r["cells"])
+            if value is not None:
+                frontiers[r["model"]] = value
+    return frontiers
+
+
+def needle_report(runs: list[dict], out: Path, frontiers: dict | None = None) -> list[Path]:
     paths = []
     summary = []
+    frontiers = frontiers or {}
     for r in runs:
         name = f"needle_{r['model']}_{r['tag']}"
-        paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['tag']}", r["trained_context"])
+        paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['tag']}",
+                              frontiers.get(r["model"]), r["trained_context"])
         for length in sorted({c["context_length"] for c in r["cells"]}):
             cells = [c for c in r["cells"] if c["context_length"] == length]
-            ok = [c["score"] for c in cells if not c.get("oom")]
+            ok = [c["score"] for c in cells if c.get("score") is not None]
             summary.append({"model": r["model"], "setting": r["tag"], "context_length": length,
                             "mean_score": round(sum(ok) / len(ok), 3) if ok else None,
                             "oom_cells": len(cells) - len(ok)})
     if len(runs) > 1:
         paths += save_side_by_side([(f"{r['model']} · {r['tag']}", r["cells"]) for r in runs],
-                                   out / "needle_side_by_side.png", runs[0]["trained_context"])
+                                   out / "needle_side_by_side.png", frontiers.get(runs[0]["model"]),
+                                   runs[0]["trained_context"])
     if summary:
         with (out / "needle_summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(summary[0]))
