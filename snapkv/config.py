@@ -46,8 +46,9 @@ class CompressorConfig:
     def compresses(self) -> bool:
         return True
 
-    def layer_budget(self, layer_idx: int, num_layers: int) -> int:
-        """Tokens kept per head at ``layer_idx`` (uniform unless a method says otherwise)."""
+    def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
+        """Tokens kept per head at ``layer_idx`` for a prompt of ``length`` tokens (uniform unless a
+        method says otherwise; a layer whose budget is at least ``length`` is left untouched)."""
         return self.budget
 
     def recent_window(self, layer_idx: int, num_layers: int) -> int:

@@ -147,7 +147,8 @@ class CompressionSession:
             if not bool(mask.all()):
                 pad_mask = mask.bool()
                 n_layers = len(self.layers)
-                if self.cfg.compresses and len({self.cfg.layer_budget(i, n_layers) for i in range(n_layers)}) > 1:
+                if self.cfg.compresses and len({min(q_len, self.cfg.layer_budget(i, n_layers, q_len))
+                                                 for i in range(n_layers)}) > 1:
                     raise ValueError(f"{self.cfg.method}: per-layer budgets need a batch without padding "
                                      "(attention_mask has zeros); run batch size 1")
         positions = kwargs.get("position_ids")
@@ -184,7 +185,7 @@ class CompressionSession:
         length = keys.shape[-2]
         n_layers = len(self.layers)
         cfg = self.cfg
-        budget = cfg.layer_budget(idx, n_layers) if cfg.compresses else length
+        budget = cfg.layer_budget(idx, n_layers, length) if cfg.compresses else length
         if length <= budget:
             state.cache_lengths[idx] = length
             return None

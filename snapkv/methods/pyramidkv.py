@@ -1,8 +1,13 @@
-"""PyramidKV (arXiv 2406.02069): SnapKV scoring with budgets that shrink with depth.
+"""PyramidKV (Cai et al., arXiv 2406.02069): SnapKV scoring with budgets that shrink with depth.
 
-The per-layer budgets follow the official PyramidKV arithmetic: with ``c = budget - window``,
-``min = c // beta``, ``max = 2c - min`` and ``step = (max - min) // num_layers``, layer ``i``
-keeps ``window + max - i * step`` tokens, so the mean over layers is about ``budget``.
+The per-layer budgets follow the official code, KVCache-Factory ``pyramidkv/pyramidkv_utils.py``
+(``PyramidKVCluster.update_kv``), every branch. With ``c = budget - window`` and a prompt of
+``L`` tokens:
+- ``L < budget``: every layer keeps everything;
+- ``L < 2c``: every layer keeps ``budget`` (uniform);
+- otherwise layer ``i`` keeps ``window + max - i * ((max - min) // (layers - 1))`` with
+  ``min = c // beta`` and ``max = 2c - min``; when ``max >= L - window``, ``max`` is clamped to
+  ``L - window`` and ``min = 2c - max``.
 """
 from __future__ import annotations
 
@@ -22,10 +27,16 @@ class PyramidKVConfig(SnapKVConfig):
         super().validate()
         check_int("beta", self.beta, 1)
 
-    def layer_budget(self, layer_idx: int, num_layers: int) -> int:
+    def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         capacity = self.budget - self.window
+        if length < self.budget:
+            return length
+        if length < 2 * capacity:
+            return self.budget
         smallest = capacity // self.beta
         largest = 2 * capacity - smallest
-        step = (largest - smallest) // num_layers
-        return self.window + max(largest - layer_idx * step, 1)
-
+        if largest >= length - self.window:
+            largest = length - self.window
+            smallest = 2 * capacity - largest
+        step = (largest - smallest) // (num_layers - 1) if num_layers > 1 else 0
+        return self.window + largest - layer_idx * step
