@@ -36,11 +36,13 @@ test-fast: setup
 demo: setup
 	bash scripts/demo.sh
 
+# Without MODEL (the CPU default): the demo's part of the task, on bundled data, with its report.
+# With MODEL: the task on that model (LongBench: the paper's 16 datasets; needle: the paper's run).
 longbench: setup
-	$(PY) -m eval.longbench model=$(MODEL) $(ARGS)
+	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.longbench experiment=demo $(ARGS),bash scripts/demo.sh longbench),$(PY) -m eval.longbench model=$(MODEL) $(ARGS))
 
 needle: setup
-	$(PY) -m eval.needle model=$(MODEL) $(if $(filter smollm2-135m,$(MODEL)),experiment=demo,experiment=paper_needle) $(ARGS)
+	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.needle experiment=demo $(ARGS),bash scripts/demo.sh needle),$(PY) -m eval.needle model=$(MODEL) experiment=paper_needle $(ARGS))
 
 bench: setup
 	$(PY) -m eval.bench model=$(MODEL) $(if $(filter smollm2-135m,$(MODEL)),experiment=demo,) $(ARGS)

@@ -73,6 +73,19 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def attn_implementation(cfg) -> str:
+    """The model config's attention implementation, or sdpa (with a one-line warning) when it asks
+    for flash_attention_2 where flash-attn is not installed or there is no CUDA device."""
+    attn = cfg.get("attn_implementation", "sdpa")
+    if attn == "flash_attention_2" and not (torch.cuda.is_available() and importlib.util.find_spec("flash_attn")):
+        if not getattr(attn_implementation, "warned", False):
+            print("warning: model.attn_implementation=flash_attention_2 needs CUDA and flash-attn "
+                  "(pip install -e '.[gpu]'); using sdpa")
+            attn_implementation.warned = True
+        return "sdpa"
+    return attn
+
+
 def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -80,7 +93,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     if dtype_name not in DTYPES:
         raise ValueError(f"model.dtype={dtype_name!r} is not allowed; choose one of {', '.join(DTYPES)}")
     dtype = DTYPES[dtype_name]
-    attn = cfg.get("attn_implementation", "sdpa")
+    attn = attn_implementation(cfg)
     kwargs = dict(dtype=dtype, attn_implementation=attn)
     if cfg.get("revision"):
         kwargs["revision"] = cfg["revision"]

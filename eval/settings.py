@@ -34,9 +34,10 @@ def _plain(value):
 
 
 def model_settings(model_cfg) -> dict:
+    from .runner import attn_implementation
     out = {}
     for name in MODEL_FIELDS:
-        value = _plain(model_cfg.get(name))
+        value = _plain(model_cfg.get(name)) if name != "attn_implementation" else attn_implementation(model_cfg)
         if name == "architecture" and not model_cfg.get("random_init"):
             value = None  # only describes the weights of a random-init model
         out[f"model.{name}"] = value

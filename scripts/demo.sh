@@ -1,17 +1,36 @@
 #!/usr/bin/env bash
 # The whole workflow on the embedded default (SmolLM2-135M on CPU, offline), in minutes:
-# a budget x pooling sweep on bundled LongBench rows, a needle grid for full KV vs SnapKV,
-# a speed/memory benchmark, then tables and figures under results/demo/.
+# a budget x pooling sweep on bundled LongBench rows, a needle grid for full KV vs SnapKV vs
+# StreamingLLM, a speed/memory benchmark, then tables and figures under results/demo/.
+#   bash scripts/demo.sh [all|longbench|needle|bench]   (make demo = all; make longbench / make needle
+#   without MODEL run their part, with a report of that part under results/report/demo-<part>/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RUNS=results/runs/demo
-$PY -m eval.longbench experiment=demo compressor=full hydra.run.dir=$RUNS/longbench/smollm2-135m/full
-$PY -m eval.longbench -m experiment=demo compressor.budget=256,512 compressor.pooling=maxpool,avgpool \
-    hydra.sweep.dir=$RUNS/longbench
-$PY -m eval.needle experiment=demo compressor=full hydra.run.dir=$RUNS/needle/smollm2-135m/full
-$PY -m eval.needle experiment=demo compressor.budget=256 hydra.run.dir=$RUNS/needle/smollm2-135m/snapkv-b256
-$PY -m eval.bench experiment=demo hydra.run.dir=$RUNS/bench/smollm2-135m
-$PY -m eval.report report.runs=$RUNS report.out=results/demo \
-    "report.label='SmolLM2-135M-Instruct (Q4_1 GGUF, float32) on CPU ($(nproc) cores); command: make demo'"
-echo "demo done: tables and figures in results/demo/"
+PART=${1:-all}
+LABEL="SmolLM2-135M-Instruct (Q4_1 GGUF, float32) on CPU ($(nproc) cores); command:"
+
+longbench() {
+  $PY -m eval.longbench experiment=demo compressor=full hydra.run.dir=$RUNS/longbench/smollm2-135m/full
+  $PY -m eval.longbench -m experiment=demo compressor.budget=256,512 compressor.pooling=maxpool,avgpool \
+      hydra.sweep.dir=$RUNS/longbench
+}
+needle() {
+  $PY -m eval.needle experiment=demo compressor=full hydra.run.dir=$RUNS/needle/smollm2-135m/full
+  $PY -m eval.needle -m experiment=demo compressor=snapkv,streamingllm compressor.budget=256 \
+      hydra.sweep.dir=$RUNS/needle
+}
+bench() {
+  $PY -m eval.bench experiment=demo hydra.run.dir=$RUNS/bench/smollm2-135m
+}
+report() {  # report RUNS_SUBDIR OUT COMMAND
+  $PY -m eval.report report.runs=$1 report.out=$2 "report.label='$LABEL $3'"
+}
+
+case "$PART" in
+  all) longbench; needle; bench; report $RUNS results/demo "make demo" ;;
+  longbench|needle|bench) $PART; report $RUNS/$PART results/report/demo-$PART "make $PART" ;;
+  *) echo "usage: scripts/demo.sh [all|longbench|needle|bench]" >&2; exit 2 ;;
+esac
+echo "demo ($PART) done"

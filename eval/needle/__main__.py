@@ -96,15 +96,14 @@ def run(cfg: DictConfig):
     nc = cfg.needle
     lengths, depths = lengths_from(nc), depths_from(nc)
     out = output_dir(cfg)
+    results = out / "needle.jsonl"
+    device = resolve_device(cfg)
+    if nc.get("dry_run"):  # reads the folder, writes plan.json only (it may run on a login node)
+        from .plan import dry_run
+        return dry_run(cfg, compressor, lengths, depths, {key(c) for c in read_records(results)}, out, device)
     claim(out, fingerprint(cfg, task_settings(task)), cfg.resume, ["needle.jsonl"])
     clear_failure(out)
-    results = out / "needle.jsonl"
     cells = load_cells(results, bool(nc.get("retry_oom")), bool(nc.get("retry_failed")))
-    done = {key(c) for c in cells}
-    device = resolve_device(cfg)
-    if nc.get("dry_run"):
-        from .plan import dry_run
-        return dry_run(cfg, compressor, lengths, depths, done, out, device)
     todo = [(n, d) for n in lengths for d in depths if (n, d) not in done]
     if todo:
         run_cells(cfg, task, compressor, todo, depths, cells, results, device)
