@@ -104,6 +104,7 @@ def run(cfg: DictConfig):
     claim(out, fingerprint(cfg, task_settings(task)), cfg.resume, ["needle.jsonl"])
     clear_failure(out)
     cells = load_cells(results, bool(nc.get("retry_oom")), bool(nc.get("retry_failed")))
+    done = {key(c) for c in cells}
     todo = [(n, d) for n in lengths for d in depths if (n, d) not in done]
     if todo:
         run_cells(cfg, task, compressor, todo, depths, cells, results, device)
