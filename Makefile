@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_WHEELS ?= /opt/wheels
 
-.PHONY: setup test test-fast demo longbench needle bench tables clean
+.PHONY: setup test test-fast demo longbench needle observe bench tables clean
 
 setup: $(VENV)/.ready
 
@@ -47,8 +47,11 @@ needle: setup
 bench: setup
 	$(PY) -m eval.bench model=$(MODEL) $(if $(filter smollm2-135m,$(MODEL)),experiment=demo,) $(ARGS)
 
+observe: setup
+	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.observe experiment=demo $(ARGS),bash scripts/demo.sh observe),$(PY) -m eval.observe model=$(MODEL) $(ARGS))
+
 tables: setup
 	$(PY) -m eval.report $(ARGS)
 
 clean:
-	rm -rf results/runs results/report
+	rm -rf results/runs results/report results/demo-runs

@@ -51,7 +51,8 @@ def compressor_settings(node, skip=("tag",)) -> dict:
 
 def fingerprint(cfg, task_fields: dict, compressor_skip=("tag",)) -> dict:
     """The flat ``{"section.field": value}`` settings of one run."""
-    return {"task": cfg.task, **model_settings(cfg.model), **compressor_settings(cfg.compressor, compressor_skip),
+    compressor = compressor_settings(cfg.compressor, compressor_skip) if cfg.get("compressor") is not None else {}
+    return {"task": cfg.task, **model_settings(cfg.model), **compressor,
             **{k: _plain(v) for k, v in task_fields.items()}}
 
 

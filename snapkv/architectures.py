@@ -44,13 +44,18 @@ def rope_function(attn):
 
 def window_queries(attn, hidden_states: torch.Tensor, position_embeddings, n: int) -> torch.Tensor:
     """Post-RoPE query states ``[b, H, n, d]`` of the last ``n`` positions, as the module computes them."""
-    hidden = hidden_states[:, -n:]
+    return queries_at(attn, hidden_states, position_embeddings, slice(-n, None))
+
+
+def queries_at(attn, hidden_states: torch.Tensor, position_embeddings, rows: slice) -> torch.Tensor:
+    """Post-RoPE query states ``[b, H, n, d]`` of the positions ``rows``, as the module computes them."""
+    hidden = hidden_states[:, rows]
     b = hidden.shape[0]
     q = attn.q_proj(hidden).view(b, hidden.shape[1], -1, attn.head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises queries per head before RoPE
         q = attn.q_norm(q)
     q = q.transpose(1, 2)
     cos, sin = position_embeddings
-    cos, sin = cos[:, -n:], sin[:, -n:]
+    cos, sin = cos[:, rows], sin[:, rows]
     q, _ = rope_function(attn)(q, q[:, :1], cos, sin)
     return q

@@ -9,8 +9,8 @@ from omegaconf import DictConfig
 import snapkv
 
 from ..hydra_app import CONFIG_PATH, run_guarded
-from .collect import bench_runs, longbench_runs, needle_runs
-from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report
+from .collect import bench_runs, longbench_runs, needle_runs, observe_runs
+from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
 from .table1 import write_tables
 
 
@@ -27,6 +27,7 @@ def run(cfg: DictConfig):
     needles, benches = needle_runs(root), bench_runs(root)
     written += needle_report(needles, out, full_kv_frontiers(needles, benches))
     written += bench_report(benches, out)
+    written += observe_report(observe_runs(root), out)
     if cfg.report.get("label"):
         (out / "README.md").write_text(f"{cfg.report.label}\n", encoding="utf-8")
         written.append(out / "README.md")

@@ -50,3 +50,15 @@ def bench_runs(root: Path) -> list[dict]:
         runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
                      "rows": json.loads(path.read_text())})
     return runs
+
+
+def observe_runs(root: Path) -> list[dict]:
+    from ..jsonl import read_records
+    runs = []
+    for path in sorted(Path(root).rglob("hits.jsonl")):
+        cfg = _config(path.parent)
+        samples = [s for s in read_records(path) if s.get("records")]
+        if samples:
+            runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
+                         "observe": cfg.get("observe", {}), "samples": samples})
+    return runs

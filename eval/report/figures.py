@@ -97,3 +97,18 @@ def bench_report(runs: list[dict], out: Path) -> list[Path]:
         paths.append(out / f"{name}.md")
         paths += bench_figure(r["rows"], out / f"{name}.png", f"{r['model']}: decoding latency")
     return paths
+
+
+def observe_report(runs: list[dict], out: Path) -> list[Path]:
+    """Hit-rate tables and Figures 2 and 3 of every ``eval.observe`` run, named per model and run."""
+    from ..observe.summary import figures, tables
+    paths = []
+    for r in runs:
+        o = r["observe"]
+        name = f"observe_{r['model']}_" + (f"{r['run'].name}_" if r["run"].name != r["model"] else "")
+        settings = (f"{r['model']}, window {o.get('window')}, p {o.get('p')}, theta {o.get('theta')}, "
+                    f"pooling {o.get('pooling')}, question at the {o.get('question_position')}")
+        (out / f"{name}hit_rates.md").write_text(tables(r["samples"], settings), encoding="utf-8")
+        paths.append(out / f"{name}hit_rates.md")
+        paths += figures(r["samples"], out, r["model"], prefix=name)
+    return paths

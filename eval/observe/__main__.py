@@ -1,0 +1,161 @@
+"""python -m eval.observe: observation-window hit rates (SnapKV §4, Figures 2 and 3) (Hydra app)."""
+from __future__ import annotations
+
+import json
+
+import hydra
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+import snapkv
+
+from ..hydra_app import CONFIG_PATH, clear_failure, output_dir, resolve_device, run_guarded, save_run_metadata
+from ..jsonl import append_record, read_records
+from ..settings import claim, fingerprint
+from .capture import Windows, hit_rate_pass, last_window_votes
+from .data import load_samples
+from .hits import overlap
+from .summary import figures, overlap_table, tables
+
+RESPONSES = ("reference", "model")
+VARIANTS = ("hits", "instructions")
+POOLINGS = ("none", "maxpool", "avgpool")
+
+
+def check(ob) -> None:
+    for name in ("window", "prompt_windows", "response_windows", "kernel", "other_instructions"):
+        value = ob[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"observe.{name}={value!r} must be an integer >= 1")
+    if not 0 < float(ob.p) <= 1:
+        raise ValueError(f"observe.p={ob.p!r} is the kept fraction: a number in (0, 1]")
+    if not 0 < float(ob.theta) < 1:
+        raise ValueError(f"observe.theta={ob.theta!r} is an attention threshold: a number in (0, 1)")
+    for name, allowed in (("response", RESPONSES), ("variant", VARIANTS), ("pooling", POOLINGS)):
+        if ob[name] not in allowed:
+            raise ValueError(f"observe.{name}={ob[name]!r} is not allowed; choose one of {', '.join(allowed)}")
+    if ob.kernel % 2 == 0:
+        raise ValueError(f"observe.kernel={ob.kernel} must be odd")
+
+
+def task_settings(ob) -> dict:
+    keys = ("data", "response", "window", "prompt_windows", "response_windows", "p", "theta", "pooling", "kernel",
+            "question_position", "variant", "other_instructions", "min_prompt_tokens", "min_response_tokens")
+    return {f"observe.{k}": ob[k] for k in keys}
+
+
+def response_ids(runner, tokenizer, sample, ob) -> list[int]:
+    needed = ob.response_windows * ob.window
+    if ob.response == "reference":
+        return tokenizer(sample.response or "", add_special_tokens=False).input_ids
+    gen = runner.generate(torch.tensor([sample.prompt_ids]), snapkv.FullConfig(), needed)
+    return gen.tokens
+
+
+def run(cfg: DictConfig):
+    from ..runner import Runner, load_model, load_tokenizer
+    ob = cfg.observe
+    check(ob)
+    out = output_dir(cfg)
+    result_file = "hits.jsonl" if ob.variant == "hits" else "overlap.jsonl"
+    claim(out, fingerprint(cfg, task_settings(ob)), cfg.resume, [result_file])
+    clear_failure(out)
+    tokenizer = load_tokenizer(cfg.model)
+    samples = load_samples(cfg, tokenizer)
+    results = out / result_file
+    done = {r["sample"] for r in read_records(results, repair=True)}
+    need_prompt = max(int(ob.min_prompt_tokens), ob.prompt_windows * ob.window + 1)
+    eligible = [s for s in samples if len(s.prompt_ids) >= need_prompt]
+    print(f"observe: {len(samples)} samples, {len(eligible)} with prompts of >= {need_prompt} tokens", end="")
+    if ob.limit:
+        eligible = eligible[: int(ob.limit)]
+    todo = [s for s in eligible if s.id not in done]
+    print(f"; {len(todo)} to run")
+    if todo:
+        save_run_metadata(cfg, out, snapkv.FullConfig())
+        model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+        runner = Runner(model, tokenizer)
+        device = runner.device
+        for sample in tqdm(todo, desc="observe", unit="sample", dynamic_ncols=True):
+            if ob.variant == "instructions":
+                record = instruction_overlap(model, tokenizer, sample, samples, cfg, device)
+            else:
+                record = hit_rate_record(model, runner, tokenizer, sample, ob, device)
+            if record is not None:
+                append_record(results, record)
+        del model, runner
+    key = "layers" if ob.variant == "instructions" else "records"
+    lines = [line for line in read_records(results) if line.get(key)]
+    if not lines:
+        raise ValueError(f"observe: no sample qualified (prompt >= {need_prompt} tokens, response >= "
+                         f"{max(int(ob.min_response_tokens), ob.response_windows * ob.window)} tokens); lower "
+                         "observe.min_prompt_tokens / min_response_tokens / window, or use other data")
+    settings = (f"{cfg.model.name}, window {ob.window}, p {ob.p}, theta {ob.theta}, pooling {ob.pooling}, "
+                f"question at the {ob.question_position}, response: {ob.response}")
+    if ob.variant == "instructions":
+        (out / "overlap.md").write_text(overlap_table(lines), encoding="utf-8")
+        print((out / "overlap.md").read_text())
+        return lines
+    (out / "hit_rates.md").write_text(tables(lines, settings), encoding="utf-8")
+    figures(lines, out, cfg.model.name)
+    print(f"observe: {len(lines)} samples -> {out / 'hit_rates.md'}, figure2_prompt_windows.png, "
+          "figure3_response_windows.png")
+    return lines
+
+
+def hit_rate_record(model, runner, tokenizer, sample, ob, device) -> dict | None:
+    response = response_ids(runner, tokenizer, sample, ob)
+    need = max(int(ob.min_response_tokens), ob.response_windows * ob.window)
+    if len(response) < need:
+        print(f"observe: sample {sample.id}: response of {len(response)} tokens < {need}; skipped")
+        return {"sample": sample.id, "skipped": f"response of {len(response)} tokens < {need}", "records": []}
+    w = Windows(len(sample.prompt_ids), ob.window, ob.prompt_windows, ob.response_windows)
+    ids = torch.tensor([sample.prompt_ids + response[: ob.response_windows * ob.window]], device=device)
+    records = hit_rate_pass(model, ids, w, float(ob.p), float(ob.theta), ob.pooling, ob.kernel)
+    return {"sample": sample.id, "prompt_tokens": w.prompt_len, "response_tokens": len(response),
+            "records": records}
+
+
+def instruction_overlap(model, tokenizer, sample, samples, cfg, device) -> dict | None:
+    """The same document with other rows' questions: overlap of the last window's selections over
+    the tokens the two prompts share (the document, before the question)."""
+    ob = cfg.observe
+    if sample.row is None:
+        raise ValueError("observe.variant=instructions needs LongBench rows (observe.data=longbench:...)")
+    others = [s.row["input"] for s in samples if s.id != sample.id][: ob.other_instructions]
+    own = torch.tensor([sample.prompt_ids], device=device)
+    result = {"sample": sample.id, "others": [], "layers": None}
+    per_pair = []
+    for question in others:
+        variant = dict(sample.row, input=question)
+        ids = _prompt_of(variant, tokenizer, cfg)
+        shared = next((i for i, (a, b) in enumerate(zip(sample.prompt_ids, ids)) if a != b), min(len(ids), len(own[0])))
+        prefix = min(shared, len(ids) - ob.window, own.shape[1] - ob.window)
+        if prefix < 1:
+            continue
+        va = last_window_votes(model, own, ob.window, prefix)
+        vb = last_window_votes(model, torch.tensor([ids], device=device), ob.window, prefix)
+        per_pair.append([[round(float(x), 5) for x in overlap(va[l], vb[l], float(ob.p), ob.pooling, ob.kernel)]
+                         for l in sorted(va)])
+        result["others"].append(question)
+    if not per_pair:
+        return None
+    result["layers"] = [[sum(p[l][h] for p in per_pair) / len(per_pair) for h in range(len(per_pair[0][l]))]
+                        for l in range(len(per_pair[0]))]
+    return result
+
+
+def _prompt_of(row, tokenizer, cfg) -> list[int]:
+    from ..longbench.prompt import build_input_ids
+    dataset = cfg.observe.data.split(":")[1]
+    return build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length), cfg.model.chat_format)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="observe")
+def main(cfg: DictConfig):
+    return run_guarded(run, cfg)
+
+
+if __name__ == "__main__":
+    main()
