@@ -31,6 +31,8 @@ class CompressorConfig:
     gqa: str = "mean"
 
     method: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""
+    derived: ClassVar[tuple] = ()   # fields computed from others (left out of labels)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -60,6 +62,16 @@ class CompressorConfig:
 
         Padded positions need no special score: ``top_positions`` ranks each row on its real tokens."""
         raise NotImplementedError
+
+    def label(self) -> str:
+        """A short run label, ``SnapKV 1024``, with the fields that differ from the method's defaults
+        (``SnapKV 1024 (window 16, kernel 5)``)."""
+        name = self.display_name or self.method
+        if not self.compresses:
+            return name
+        changed = [f"{f.name} {getattr(self, f.name)}" for f in fields(self)
+                   if f.name not in ("budget", *self.derived) and getattr(self, f.name) != f.default]
+        return f"{name} {self.budget}" + (f" ({', '.join(changed)})" if changed else "")
 
     def describe(self) -> dict:
         out = {"method": self.method}

@@ -39,9 +39,9 @@ def test_table1_side_by_side_with_paper_and_missing_cells(tmp_path):
     out = report(tmp_path)
     lines = rows_of(out / "table1.md")
     assert [l[2] for l in lines] == ["ours", "paper", "ours - paper"] * 2
-    snap_ours = next(l for l in lines if l[1] == "snapkv-b1024" and l[2] == "ours")
+    snap_ours = next(l for l in lines if l[1] == "SnapKV 1024" and l[2] == "ours")
     assert snap_ours[3:6] == ["20.00", "23.73", "–"]          # missing, never 0
-    diff = next(l for l in lines if l[1] == "snapkv-b1024" and l[2] == "ours - paper")
+    diff = next(l for l in lines if l[1] == "SnapKV 1024" and l[2] == "ours - paper")
     assert diff[3] == "1.98" and diff[4] == "0.00"            # paper: 18.02, 23.73
     for name in ("table1.csv", "table1.tex", "budget_curve.png", "budget_curve.pdf"):
         assert (out / name).exists()
@@ -59,7 +59,9 @@ def test_runs_with_other_settings_go_to_the_ablation_table(tmp_path):
     fake_run(runs, mistral, {**SNAPKV_1024, "gqa": "repeat", "tag": "rep"}, {"narrativeqa": 5.0})
     out = report(tmp_path)
     beside = rows_of(out / "table1.md", "| mistral")
-    assert [(l[1], l[2]) for l in beside] == [("rep", "ours"), ("rep", "paper"), ("rep", "ours - paper")]
+    label = "SnapKV 1024 (gqa repeat)"
+    assert [(l[1], l[2]) for l in beside] == [(label, "ours"), (label, "paper"), (label, "ours - paper")]
+    assert f"{label} = `rep`" in (out / "table1.md").read_text()         # short label, full settings below
     ablation = rows_of(out / "table_ablation.md", "| ")[1:]
     assert sorted(l[3] for l in ablation) == ["1.00", "2.00", "3.00", "4.00"]
     assert not rows_of(out / "table1.md")                        # no lwm run matches the paper
@@ -80,3 +82,37 @@ def test_cells_from_fewer_rows_than_the_dataset_are_marked(tmp_path):
     assert ours[-1].startswith("10.00 (incomplete)")
     csv_text = (out / "table1.csv").read_text()
     assert "narrativeqa: 150/200, 3 OOM; qasper: 50/200" in csv_text
+
+
+def test_hyperparameter_table_in_the_paper_layout(tmp_path):
+    runs = tmp_path / "runs"
+    for window, kernel, pooling in ((32, 7, "maxpool"), (16, 7, "maxpool"), (32, 1, "none"), (32, 3, "maxpool")):
+        fake_run(runs, {"name": "mistral", "protocol": "snapkv", "dtype": "float16"},
+                 {**SNAPKV_1024, "window": window, "kernel": kernel, "pooling": pooling, "tag": f"w{window}k{kernel}"},
+                 {"narrativeqa": float(window + kernel)})
+    out = report(tmp_path)
+    rows = rows_of(out / "table_hyperparams.md", "| mistral")
+    assert [(r[1], r[3]) for r in rows] == [("window 32, kernel 7", "39.00"), ("window 16, kernel 7", "23.00"),
+                                            ("window 32, kernel 1 (no pooling)", "33.00")]
+    tex = (out / "table_hyperparams.tex").read_text()
+    assert "\\toprule" in tex and "\\multicolumn{19}{l}{\\textit{mistral}}" in tex
+
+
+def test_report_is_byte_identical_on_the_same_runs(tmp_path):
+    import hashlib
+    runs = tmp_path / "runs"
+    fake_run(runs, PAPER_MODEL_CFG, SNAPKV_1024, {"narrativeqa": 20.0, "qasper": 23.73})
+    fake_run(runs, PAPER_MODEL_CFG, {"method": "full", "budget": None, "tag": "full"}, {"narrativeqa": 18.18})
+    needle = runs / "needle" / "m" / "full"
+    needle.mkdir(parents=True)
+    (needle / "config.yaml").write_text(yaml.safe_dump({"task": "needle", "model": {"name": "m"},
+                                                       "compressor": {"method": "full", "tag": "full"}}))
+    (needle / "needle.jsonl").write_text("".join(json.dumps({"context_length": n, "depth_percent": d, "score": 0.5})
+                                                 + "\n" for n in (100, 200) for d in (0, 50)))
+    digests = []
+    for out in ("a", "b"):
+        from eval.report.__main__ import run
+        run(compose("report", [f"report.runs={runs}", f"report.out={tmp_path / out}"]))
+        digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((tmp_path / out).rglob("*"))
+                        if p.is_file()})
+    assert digests[0] == digests[1] and any(name.endswith(".pdf") for name in digests[0])

@@ -6,19 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-import torch
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from ..chat import CHAT_FORMATS, stop_token_ids
 from ..hydra_app import CONFIG_PATH, clear_failure, make_compressor, output_dir, resolve_device, run_guarded, \
     save_run_metadata, typed_text
+from ..gridcells import Prompt, key, load_cells, run_grid
 from ..jsonl import read_records
-from ..runner import is_oom
 from ..settings import claim, fingerprint
 from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_ids, \
     sentence_end_ids
-from .cells import finish_cell, key, load_cells, out_of_memory_everywhere, start_cell
 from .grid import depths_from, lengths_from, numbers
 from .haystack import haystack_tokens
 from .heatmap import frontier_from_cells, save_heatmap
@@ -141,43 +138,22 @@ def run_cells(cfg, task: NeedleTask, compressor, todo, depths, cells, results: P
     stops = stop_token_ids(model, tokenizer)
     if task.stop_at_newline:
         stops.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
-    skip = cfg.needle.get("skip_after_oom", True)
-    bar = tqdm(todo, desc="needle", unit="cell", dynamic_ncols=True)
-    for length, depth in bar:
-        bar.set_postfix(length=length, depth=depth)
-        cell = {"context_length": length, "depth_percent": depth}
-        shorter_oom = [n for n in sorted({c["context_length"] for c in cells})
-                       if n < length and out_of_memory_everywhere(cells, n, depths)]
-        if skip and shorter_oom:
-            cell.update(response=None, score=None, oom=True, skipped=f"{shorter_oom[0]} tokens ran out of memory at "
-                        "every depth (needle.skip_after_oom)")
-            finish_cell(results, cell)
-            cells.append(cell)
-            continue
-        built = time.perf_counter()
+
+    def build(length, depth):
         haystack = stream[: length - overhead]
         context, points = insert_needles(tokenizer, haystack, task.needles,
                                          needle_depths(depth, len(task.needles)), ends)
         ids = prompt_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
-        cell.update(input_tokens=len(ids), needle_token_position=points[0],
-                    depth_achieved=round(100 * points[0] / len(haystack), 2), build_s=round(time.perf_counter() - built, 3))
-        start_cell(results, cell)
-        try:
-            gen = runner.generate(torch.tensor([ids]), compressor, task.max_new_tokens, stop_ids=stops)
-            tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in stops else gen.tokens
-            response = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-            scores = cell_scores(response, task.needles)
-            cell.update(response=response, score=scores[task.scorer], **scores, oom=False,
-                        prefill_s=round(gen.prefill_s, 4),
-                        cache_tokens=max(gen.cache_lengths) if gen.cache_lengths else None)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            cell.update(response=None, score=None, oom=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        finish_cell(results, cell)
-        cells.append(cell)
+        return Prompt(ids, {"needle_token_position": points[0],
+                            "depth_achieved": round(100 * points[0] / len(haystack), 2)})
+
+    def score(response, prompt):
+        scores = cell_scores(response, task.needles)
+        return {"score": scores[task.scorer], **scores}
+
+    run_grid(runner, tokenizer, compressor, todo, depths, cells, results, build=build, score=score,
+             max_new_tokens=task.max_new_tokens, stops=stops, skip_after_oom=cfg.needle.get("skip_after_oom", True),
+             desc="needle")
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="needle")

@@ -26,6 +26,7 @@ def run(cfg: DictConfig):
         written += budget_curves(lb, out)
     needles, benches = needle_runs(root), bench_runs(root)
     written += needle_report(needles, out, full_kv_frontiers(needles, benches))
+    written += needle_report(needle_runs(root, "lines.jsonl"), out, kind="lines")
     written += bench_report(benches, out)
     written += observe_report(observe_runs(root), out)
     if cfg.report.get("label"):

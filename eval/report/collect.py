@@ -16,6 +16,22 @@ def setting_of(compressor: dict) -> tuple[str, int | None]:
     return compressor.get("method", "?"), compressor.get("budget")
 
 
+def label_of(compressor: dict) -> str:
+    """The short label of a run's compressor (``SnapKV 1024 (window 16)``), from the method registry."""
+    import snapkv
+    fields = {k: v for k, v in compressor.items() if k not in ("method", "tag")}
+    try:
+        return snapkv.build_config(compressor.get("method", "?"), **fields).label()
+    except ValueError:
+        return compressor.get("tag", compressor.get("method", "?"))
+
+
+def run_name(root: Path, run: Path) -> str:
+    """A file-name part unique within one report: the run's folder below the report's root."""
+    parts = run.relative_to(root).parts if run != root else (run.name,)
+    return "_".join(parts)
+
+
 def longbench_runs(root: Path) -> list[dict]:
     runs = []
     for result in sorted(Path(root).rglob("result.json")):
@@ -27,18 +43,21 @@ def longbench_runs(root: Path) -> list[dict]:
         summary = run / "summary.json"
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
                      "tag": cfg["compressor"].get("tag", method), "compressor": cfg["compressor"],
+                     "label": label_of(cfg["compressor"]), "name": run_name(root, run),
                      "model_cfg": cfg["model"], "scores": json.loads(result.read_text()),
                      "summary": json.loads(summary.read_text()) if summary.exists() else {}})
     return runs
 
 
-def needle_runs(root: Path) -> list[dict]:
+def needle_runs(root: Path, results: str = "needle.jsonl") -> list[dict]:
+    """Grid runs (needle; ``lines.jsonl`` for LongEval-Lines)."""
     from ..jsonl import read_records
     runs = []
-    for cells in sorted(Path(root).rglob("needle.jsonl")):
+    for cells in sorted(Path(root).rglob(results)):
         cfg = _config(cells.parent)
         runs.append({"run": cells.parent, "model": cfg.get("model", {}).get("name", "?"),
-                     "tag": cfg.get("compressor", {}).get("tag", "?"),
+                     "tag": cfg.get("compressor", {}).get("tag", "?"), "name": run_name(root, cells.parent),
+                     "label": label_of(cfg.get("compressor", {})),
                      "trained_context": cfg.get("model", {}).get("trained_context"), "cells": read_records(cells)})
     return runs
 
@@ -48,7 +67,7 @@ def bench_runs(root: Path) -> list[dict]:
     for path in sorted(Path(root).rglob("bench.json")):
         cfg = _config(path.parent)
         runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
-                     "rows": json.loads(path.read_text())})
+                     "name": run_name(root, path.parent), "rows": json.loads(path.read_text())})
     return runs
 
 
@@ -60,5 +79,5 @@ def observe_runs(root: Path) -> list[dict]:
         samples = [s for s in read_records(path) if s.get("records")]
         if samples:
             runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
-                         "observe": cfg.get("observe", {}), "samples": samples})
+                         "name": run_name(root, path.parent), "observe": cfg.get("observe", {}), "samples": samples})
     return runs

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import matplotlib
@@ -29,7 +30,8 @@ def budget_curves(runs: list[dict], out: Path) -> list[Path]:
             if r["method"] == "full":
                 ax.axhline(score, linestyle="--", color="black", linewidth=1, label=f"{r['model']} full")
                 continue
-            name = f"{r['model']} {r['method']} {r['compressor'].get('pooling') or ''}".strip()
+            setting = re.sub(r" \d+", "", r["label"], count=1)  # one line per setting, the budget on the x axis
+            name = f"{r['model']} {setting}"
             lines.setdefault(name, []).append((r["budget"], score))
         for name, points in sorted(lines.items()):
             points.sort()
@@ -58,41 +60,43 @@ def full_kv_frontiers(needle_runs: list[dict], bench_runs: list[dict]) -> dict:
     return frontiers
 
 
-def needle_report(runs: list[dict], out: Path, frontiers: dict | None = None) -> list[Path]:
+def needle_report(runs: list[dict], out: Path, frontiers: dict | None = None, kind: str = "needle") -> list[Path]:
+    """Heatmaps of every grid run, a side-by-side figure (one colour scale) and mean score per length."""
     paths = []
     summary = []
     frontiers = frontiers or {}
     for r in runs:
-        name = f"needle_{r['model']}_{r['tag']}"
-        paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['tag']}",
+        name = f"{kind}_{r['name']}"
+        paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['label']}",
                               frontiers.get(r["model"]), r["trained_context"])
         for length in sorted({c["context_length"] for c in r["cells"]}):
             cells = [c for c in r["cells"] if c["context_length"] == length]
             ok = [c["score"] for c in cells if c.get("score") is not None]
-            summary.append({"model": r["model"], "setting": r["tag"], "context_length": length,
+            summary.append({"model": r["model"], "setting": r["label"], "context_length": length,
                             "mean_score": round(sum(ok) / len(ok), 3) if ok else None,
                             "oom_cells": len(cells) - len(ok)})
     if len(runs) > 1:
-        paths += save_side_by_side([(f"{r['model']} · {r['tag']}", r["cells"]) for r in runs],
-                                   out / "needle_side_by_side.png", frontiers.get(runs[0]["model"]),
+        paths += save_side_by_side([(f"{r['model']} · {r['label']}", r["cells"]) for r in runs],
+                                   out / f"{kind}_side_by_side.png", frontiers.get(runs[0]["model"]),
                                    runs[0]["trained_context"])
     if summary:
-        with (out / "needle_summary.csv").open("w", newline="") as f:
+        with (out / f"{kind}_summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(summary[0]))
             writer.writeheader()
             writer.writerows(summary)
         md = ["| model | setting | context length | mean score | OOM cells |", "|---|---|---|---|---|"]
         md += [f"| {s['model']} | {s['setting']} | {s['context_length']} | "
                f"{'OOM' if s['mean_score'] is None else s['mean_score']} | {s['oom_cells']} |" for s in summary]
-        (out / "needle_summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-        paths += [out / "needle_summary.csv", out / "needle_summary.md"]
+        (out / f"{kind}_summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+        paths += [out / f"{kind}_summary.csv", out / f"{kind}_summary.md"]
     return paths
 
 
 def bench_report(runs: list[dict], out: Path) -> list[Path]:
     paths = []
     for r in runs:
-        name = f"speed_memory_{r['model']}"
+        name = f"timing/speed_memory_{r['name']}"
+        (out / "timing").mkdir(parents=True, exist_ok=True)
         (out / f"{name}.md").write_text(bench_markdown(r["rows"]), encoding="utf-8")
         paths.append(out / f"{name}.md")
         paths += bench_figure(r["rows"], out / f"{name}.png", f"{r['model']}: decoding latency")
@@ -105,7 +109,7 @@ def observe_report(runs: list[dict], out: Path) -> list[Path]:
     paths = []
     for r in runs:
         o = r["observe"]
-        name = f"observe_{r['model']}_" + (f"{r['run'].name}_" if r["run"].name != r["model"] else "")
+        name = f"observe_{r['name']}_"
         settings = (f"{r['model']}, window {o.get('window')}, p {o.get('p')}, theta {o.get('theta')}, "
                     f"pooling {o.get('pooling')}, question at the {o.get('question_position')}")
         (out / f"{name}hit_rates.md").write_text(tables(r["samples"], settings), encoding="utf-8")

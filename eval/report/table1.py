@@ -66,7 +66,8 @@ def incomplete(run: dict) -> dict:
 
 def _ours(run: dict, order) -> dict:
     ours = {d: run["scores"].get(d) for d in PAPER_DATASETS}
-    return {"model": run["model"], "setting": run["tag"], "source": "ours", **ours, "avg16": average(ours),
+    return {"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "ours", **ours,
+            "avg16": average(ours),
             "incomplete": {d: n for d, n in incomplete(run).items() if d in PAPER_DATASETS}}
 
 
@@ -84,9 +85,9 @@ def table_rows(runs: list[dict], order) -> tuple[list[dict], list[dict]]:
             continue
         paper = published[key]
         beside.append(row)
-        beside.append({"model": run["model"], "setting": run["tag"], "source": "paper", **paper,
+        beside.append({"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "paper", **paper,
                        "avg16": average(paper), "incomplete": {}})
-        beside.append({"model": run["model"], "setting": run["tag"], "source": "ours - paper",
+        beside.append({"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "ours - paper",
                        **{d: (None if row[d] is None else round(row[d] - paper[d], 2)) for d in PAPER_DATASETS},
                        "avg16": None if row["avg16"] is None else round(row["avg16"] - average(paper), 2),
                        "incomplete": row["incomplete"]})
@@ -103,30 +104,70 @@ def _cell(row: dict, column: str) -> str:
     return f"{value:.2f}" + (f" ({note})" if note else "")
 
 
-def write_table(rows: list[dict], out: Path, name: str, caption: str) -> list[Path]:
+def _tex(text: str) -> str:
+    return text.replace("_", "\\_").replace("–", "--").replace("%", "\\%")
+
+
+def write_table(rows: list[dict], out: Path, name: str, caption: str, columns=None, short=None) -> list[Path]:
+    """Markdown, CSV and LaTeX (booktabs, one block per model as in the paper); short run labels in
+    the table, every label's full settings (its run tag) listed under it."""
     out.mkdir(parents=True, exist_ok=True)
-    cols = list(PAPER_DATASETS) + ["avg16"]
-    md = [f"{caption}\n", "| model | setting | source | " + " | ".join(SHORT.get(c, c) for c in cols) + " |",
+    cols = list(columns or [*PAPER_DATASETS, "avg16"])
+    short = short or SHORT
+    md = [f"{caption}\n", "| model | setting | source | " + " | ".join(short.get(c, c) for c in cols) + " |",
           "|---|---|---|" + "---|" * len(cols)]
-    tex = ["\\begin{tabular}{lll" + "r" * len(cols) + "}", "\\toprule",
-           "Model & Setting & Source & " + " & ".join(SHORT.get(c, c) for c in cols) + " \\\\", "\\midrule"]
+    tex = ["\\begin{tabular}{ll" + "r" * len(cols) + "}", "\\toprule",
+           "Setting & Source & " + " & ".join(short.get(c, c) for c in cols) + " \\\\"]
+    model = None
     for r in rows:
         md.append(f"| {r['model']} | {r['setting']} | {r['source']} | " + " | ".join(_cell(r, c) for c in cols) + " |")
-        tex.append(" & ".join([r["model"], r["setting"].replace("_", "\\_"), r["source"]]
-                              + [_cell(r, c).replace("–", "--") for c in cols]) + " \\\\")
+        if r["model"] != model:
+            model = r["model"]
+            tex += ["\\midrule", f"\\multicolumn{{{len(cols) + 2}}}{{l}}{{\\textit{{{_tex(model)}}}}} \\\\", "\\midrule"]
+        tex.append(" & ".join([_tex(r["setting"]), r["source"]] + [_tex(_cell(r, c)) for c in cols]) + " \\\\")
     tex += ["\\bottomrule", "\\end{tabular}"]
+    settings = sorted({(r["setting"], r["tag"]) for r in rows})
+    md += ["", "Settings: " + "; ".join(f"{label} = `{tag}`" for label, tag in settings) + ".",
+           "", "Missing cells (–) were not run; they are never counted as 0. A cell followed by (scored/rows, "
+           "OOM) was computed from fewer rows than the dataset holds."]
     paths = [out / f"{name}.md", out / f"{name}.csv", out / f"{name}.tex"]
-    paths[0].write_text("\n".join(md) + "\n\nMissing cells (–) were not run; they are never counted as 0. A cell "
-                        "followed by (scored/rows, OOM) was computed from fewer rows than the dataset holds.\n",
-                        encoding="utf-8")
+    paths[0].write_text("\n".join(md) + "\n", encoding="utf-8")
     with paths[1].open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "setting", "source", *cols, "incomplete"])
+        writer = csv.DictWriter(f, fieldnames=["model", "setting", "tag", "source", *cols, "incomplete"])
         writer.writeheader()
         for r in rows:
-            writer.writerow({**{k: ("" if r[k] is None else r[k]) for k in ["model", "setting", "source", *cols]},
+            writer.writerow({**{k: ("" if r.get(k) is None else r[k]) for k in ["model", "setting", "tag", "source", *cols]},
                              "incomplete": "; ".join(f"{d}: {n}" for d, n in r["incomplete"].items())})
-    paths[2].write_text("\n".join(tex) + "\n", encoding="utf-8")
+    paths[2].write_text("\n".join(tex) + "\n% settings: " + "; ".join(f"{l} = {t}" for l, t in settings) + "\n",
+                        encoding="utf-8")
     return paths
+
+
+# The camera-ready Table 2 settings: (window, kernel, pooling) at budget 1024.
+HYPERPARAMS = ((32, 7, "maxpool"), (16, 7, "maxpool"), (64, 7, "maxpool"), (32, 5, "maxpool"), (32, 9, "maxpool"),
+               (32, 1, "none"))
+
+
+def hyperparam_rows(runs: list[dict]) -> list[dict]:
+    """SnapKV budget-1024 runs at the paper's six (window, kernel) settings, per model, in its order."""
+    rows = []
+    for model in sorted({r["model"] for r in runs}):
+        found = {}
+        for r in runs:
+            c = r["compressor"]
+            if r["model"] == model and r["method"] == "snapkv" and r["budget"] == 1024:
+                setting = (c.get("window"), c.get("kernel") if c.get("pooling") != "none" else 1,
+                           c.get("pooling") if c.get("kernel") != 1 else "none")
+                if setting in HYPERPARAMS:
+                    found[setting] = r
+        if len(found) < 2:
+            continue
+        for setting in HYPERPARAMS:
+            if setting in found:
+                row = _ours(found[setting], ())
+                row["setting"] = f"window {setting[0]}, kernel {setting[1]}" + (" (no pooling)" if setting[1] == 1 else "")
+                rows.append(row)
+    return rows
 
 
 def write_tables(runs: list[dict], out: Path, order) -> list[Path]:
@@ -138,4 +179,8 @@ def write_tables(runs: list[dict], out: Path, order) -> list[Path]:
     if ablation:
         paths += write_table(ablation, out, "table_ablation", "LongBench runs whose settings differ from the "
                              "paper's rows (other models, budgets, windows, kernels, protocols or dtypes).")
+    hyper = hyperparam_rows(runs)
+    if hyper:
+        paths += write_table(hyper, out, "table_hyperparams", "SnapKV hyperparameters at budget 1024 (the layout "
+                             "of the camera-ready Table 2): observation window and pooling kernel.")
     return paths

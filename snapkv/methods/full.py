@@ -10,6 +10,7 @@ from ..config import CompressorConfig, register
 @dataclass
 class FullConfig(CompressorConfig):
     method = "full"
+    display_name = "FullKV"
     budget: int | None = None
     window: int = 0
 

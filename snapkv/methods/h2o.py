@@ -48,6 +48,7 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor,
 @dataclass
 class H2OConfig(CompressorConfig):
     method = "h2o"
+    display_name = "H2O"
     budget: int = 4096
     window: int = 32
     gqa: str = "mean"

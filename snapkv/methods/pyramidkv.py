@@ -21,6 +21,7 @@ from .snapkv import SnapKVConfig
 @dataclass
 class PyramidKVConfig(SnapKVConfig):
     method = "pyramidkv"
+    display_name = "PyramidKV"
     beta: int = 20
 
     def validate(self) -> None:

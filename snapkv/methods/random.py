@@ -12,6 +12,7 @@ from ..config import CompressorConfig, register
 @dataclass
 class RandomConfig(CompressorConfig):
     method = "random"
+    display_name = "Random"
     seed: int = 0
 
     def score(self, ctx):

@@ -13,6 +13,7 @@ class SnapKVConfig(CompressorConfig):
     """Defaults are the paper's LongBench setting: window 32, kernel 7, max pooling."""
 
     method = "snapkv"
+    display_name = "SnapKV"
     budget: int = 1024
     window: int = 32
     kernel: int = 7

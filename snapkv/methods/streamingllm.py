@@ -17,6 +17,8 @@ from ..config import CompressorConfig, check_int, register
 @dataclass
 class StreamingLLMConfig(CompressorConfig):
     method = "streamingllm"
+    display_name = "StreamingLLM"
+    derived = ("window",)
     budget: int = 1024
     sink_tokens: int = 4
     window: int = 0  # derived: budget - sink_tokens
