@@ -16,10 +16,17 @@ def _chunked(forward, chunk: int):
     def run(hidden_states, *args, **kwargs):
         if hidden_states.dim() != 3 or hidden_states.shape[1] <= chunk:
             return forward(hidden_states, *args, **kwargs)
-        parts = [forward(part, *args, **kwargs) for part in hidden_states.split(chunk, dim=1)]
-        if isinstance(parts[0], tuple):  # MoE blocks may return (hidden, router_logits)
-            return tuple(torch.cat(items, dim=1 if i == 0 else 0) for i, items in enumerate(zip(*parts)))
-        return torch.cat(parts, dim=1)
+        batch = hidden_states.shape[0]
+        # MoE blocks flatten their input with .view(), which a slice along the sequence of a batch
+        # of several rows does not allow: each chunk is made contiguous
+        parts = [forward(part.contiguous(), *args, **kwargs) for part in hidden_states.split(chunk, dim=1)]
+        if not isinstance(parts[0], tuple):
+            return torch.cat(parts, dim=1)
+        # (hidden, router_logits): the logits are [batch * chunk, experts] rows, batch-major
+        hidden = torch.cat([p[0] for p in parts], dim=1)
+        rest = [torch.cat([p[i].reshape(batch, -1, *p[i].shape[1:]) for p in parts], dim=1).flatten(0, 1)
+                for i in range(1, len(parts[0]))]
+        return (hidden, *rest)
     return run
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .architectures import check_supported, decoder_layers, window_queries
 from .config import CompressorConfig
@@ -54,21 +54,46 @@ class LayerContext:
     def queries(self, n: int) -> torch.Tensor:
         return window_queries(self.attn, self.hidden_states, self.position_embeddings, n)
 
+    @property
+    def scaling(self) -> float | None:
+        """The attention module's own score scaling (None: 1/sqrt(head_dim))."""
+        return getattr(self.attn, "scaling", None)
+
 
 @dataclass
-class PrefillState:
-    pad_mask: torch.Tensor | None
+class CacheState:
+    """What a compressed cache needs to be decoded correctly; it lives on the cache object, so several
+    caches can be alive in one session and each keeps its own positions and mask."""
+    pad_mask: torch.Tensor | None       # padding of the sequence being compressed now
     next_positions: torch.Tensor
+    consumed: int
     in_prefill: bool = True
     cache_lengths: dict = field(default_factory=dict)
     kept_mask: torch.Tensor | None = None
     compressed: bool = False
+    query_len: int = 0
+    pass_kept: torch.Tensor | None = None  # padding kept by the first layer compressed in this pass
+
+
+_STATE = "_snapkv_state"
+
+
+def state_of(cache) -> CacheState | None:
+    return getattr(cache, _STATE, None)
+
+
+def _check_cache(cache) -> None:
+    ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
+        type(layer) in (DynamicLayer, RepeatedKVLayer) for layer in cache.layers)
+    if not ok:
+        raise ValueError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
+                         "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")
 
 
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
-    def __init__(self, model, cfg: CompressorConfig):
+    def __init__(self, model, cfg: CompressorConfig, compress_later_turns: bool = False):
         if not isinstance(cfg, CompressorConfig):
             raise ValueError(f"cfg={type(cfg).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
         check_supported(model)
@@ -77,21 +102,26 @@ class CompressionSession:
             raise ValueError(f"budget={cfg.budget} is larger than the model's context "
                              f"(max_position_embeddings={limit})")
         self.model, self.cfg = model, cfg
+        self.compress_later_turns = compress_later_turns
         self.layers = decoder_layers(model)
-        self.state: PrefillState | None = None
+        self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self._handles: list = []
         self._groups = {}
+        self._generate = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def attach(self) -> None:
         base = getattr(self.model, "base_model", self.model)
         self._handles.append(base.register_forward_pre_hook(self._before_decoder, with_kwargs=True))
-        self._handles.append(base.register_forward_hook(self._after_decoder))
+        self._handles.append(base.register_forward_hook(self._after_decoder, with_kwargs=True))
         for layer in self.layers:
             attn = layer.self_attn
             self._groups[attn] = attn.num_key_value_groups
             self._handles.append(attn.register_forward_pre_hook(self._before_attention, with_kwargs=True))
             self._handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
+        if hasattr(self.model, "generate"):
+            self._generate = self.model.generate
+            self.model.generate = self._checked_generate
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -99,6 +129,24 @@ class CompressionSession:
         self._handles.clear()
         for attn, groups in self._groups.items():
             attn.num_key_value_groups = groups
+        if self._generate is not None:
+            del self.model.generate  # the class method is back
+            self._generate = None
+
+    def _checked_generate(self, *args, **kwargs):
+        """``generate`` with the decoding strategies a compressed cache cannot follow refused."""
+        config = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
+        def setting(name, default=None):
+            return kwargs.get(name, getattr(config, name, default))
+        if (setting("num_beams", 1) or 1) > 1:
+            raise ValueError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
+                             "positions do not follow; use greedy or sampling")
+        if setting("prefill_chunk_size"):
+            raise ValueError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
+                             "prefill in one pass (snapkv.chunked_mlp bounds the memory of long prefills)")
+        if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
+            raise ValueError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
+        return self._generate(*args, **kwargs)
 
     @property
     def cache_lengths(self) -> list[int]:
@@ -116,11 +164,19 @@ class CompressionSession:
         if tokens is None and args:
             tokens = args[0]
         q_len = tokens.shape[1]
-        if cache is None or cache.get_seq_length() == 0:
-            self.state = self._start_prefill(kwargs, q_len, tokens)
+        if cache is None:
             return None
-        state = self.state
-        if state is None or not state.compressed:
+        _check_cache(cache)
+        state = state_of(cache)
+        if state is None:
+            if cache.get_seq_length() != 0:
+                return None  # a cache filled outside this session: left as it is
+            state = self._start_prefill(kwargs, q_len, tokens)
+            setattr(cache, _STATE, state)
+            self.state = state
+            return None
+        if not state.compressed:
+            state.consumed += q_len
             return None
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
@@ -129,16 +185,22 @@ class CompressionSession:
             steps = torch.arange(q_len, device=state.next_positions.device)
             kwargs["position_ids"] = state.next_positions[:, None] + steps[None, :]
         state.next_positions = state.next_positions + q_len
+        state.consumed += q_len
+        state.query_len = q_len
+        state.in_prefill = self.compress_later_turns and q_len > 1
+        state.pass_kept = None
         if state.kept_mask is None:
-            # No padding was kept: causal masking alone is right for every layer, whatever its length.
+            # No padding was kept: causal masking is right for every layer, whatever its length; a
+            # multi-token continuation gets a per-layer mask in _before_attention.
             kwargs["attention_mask"] = None
         else:
             ones = torch.ones(state.kept_mask.shape[0], q_len, dtype=torch.bool, device=state.kept_mask.device)
             state.kept_mask = torch.cat([state.kept_mask, ones], dim=1)
             kwargs["attention_mask"] = state.kept_mask
+        state.pad_mask = state.kept_mask
         return args, kwargs
 
-    def _start_prefill(self, kwargs, q_len: int, tokens) -> PrefillState:
+    def _start_prefill(self, kwargs, q_len: int, tokens) -> CacheState:
         mask = kwargs.get("attention_mask")
         pad_mask = None
         if mask is not None:
@@ -157,11 +219,12 @@ class CompressionSession:
         else:
             next_positions = torch.full((1,), q_len, dtype=torch.long)
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
-        return PrefillState(pad_mask=pad_mask, next_positions=next_positions)
+        return CacheState(pad_mask=pad_mask, next_positions=next_positions, consumed=q_len)
 
-    def _after_decoder(self, module, args, output):
-        if self.state is not None:
-            self.state.in_prefill = False
+    def _after_decoder(self, module, args, kwargs, output):
+        state = state_of(_cache_of(kwargs)) if _cache_of(kwargs) is not None else None
+        if state is not None:
+            state.in_prefill = False
 
     # -- attention-level hooks --------------------------------------------------------------
     def _before_attention(self, module, args, kwargs):
@@ -170,16 +233,38 @@ class CompressionSession:
             return None
         repeated = isinstance(cache.layers[module.layer_idx], RepeatedKVLayer)
         module.num_key_value_groups = 1 if repeated else self._groups[module]
-        return None
+        state = state_of(cache)
+        if state is None or not state.compressed or state.in_prefill:
+            return None
+        if module.config._attn_implementation == "flash_attention_2":
+            return None  # its causal masking aligns the new tokens to the end of each layer's keys
+        # The model sized its mask for one layer; layers hold different lengths (PyramidKV, later
+        # turns), so each layer gets its own: none for one new token without kept padding.
+        if state.query_len == 1 and state.kept_mask is None:
+            kwargs["attention_mask"] = None
+        else:
+            kwargs["attention_mask"] = self._continuation_mask(state, cache.layers[module.layer_idx], kwargs)
+        return args, kwargs
+
+    @staticmethod
+    def _continuation_mask(state: CacheState, layer, kwargs) -> torch.Tensor:
+        """``[b, 1, q, L + q]`` additive mask for ``q`` new tokens after a layer holding ``L``: every
+        kept token visible (but kept padding), causal among the new ones."""
+        hidden = kwargs["hidden_states"]
+        q, length = state.query_len, layer.keys.shape[-2]
+        visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
+        visible[:, :, length:] = torch.ones(q, q, dtype=torch.bool, device=hidden.device).tril()
+        if state.kept_mask is not None:
+            visible[:, :, :length] &= state.kept_mask[:, None, :length]
+        blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
+        return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
     def _after_attention(self, module, args, kwargs, output):
-        state = self.state
+        cache = _cache_of(kwargs)
+        state = state_of(cache) if cache is not None else None
         if state is None or not state.in_prefill:
             return None
-        cache = _cache_of(kwargs)
         idx = module.layer_idx
-        if cache is None:
-            return None
         layer = cache.layers[idx]
         keys, values = layer.keys, layer.values
         length = keys.shape[-2]
@@ -190,12 +275,15 @@ class CompressionSession:
             state.cache_lengths[idx] = length
             return None
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        ctx = LayerContext(module, hidden, kwargs["position_embeddings"], keys, values, state.pad_mask,
-                           idx, n_layers)
         window = cfg.recent_window(idx, n_layers)
+        pad_mask = state.pad_mask
+        if hidden.shape[1] < window:
+            raise ValueError(f"{cfg.method}: a later turn of {hidden.shape[1]} tokens is shorter than window={window}; "
+                             "it cannot be compressed (compress_later_turns=False appends it as it is)")
+        ctx = LayerContext(module, hidden, kwargs["position_embeddings"], keys, values, pad_mask, idx, n_layers)
         with torch.no_grad():
             scores = cfg.score(ctx)
-            kept = top_positions(scores, budget - window, state.pad_mask)
+            kept = top_positions(scores, budget - window, pad_mask)
             recent = torch.arange(length - window, length, device=keys.device)
             kept = torch.cat([kept, recent.expand(*kept.shape[:2], window)], dim=-1)
             groups = self._groups[module]
@@ -208,25 +296,33 @@ class CompressionSession:
             cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
         else:
             layer.keys, layer.values = new_keys, new_values
-        self._record_kept_mask(state, kept)
+        self._record_kept_mask(state, kept, pad_mask)
         state.cache_lengths[idx] = budget
-        state.compressed = True
+        if not state.compressed:
+            state.compressed = True
+            # generate() and the model read the cache's length to place new tokens: report the tokens
+            # it has consumed (the absolute position of the next one), not the kept ones
+            cache.get_seq_length = lambda layer_idx=0: state.consumed
         return None
 
-    def _record_kept_mask(self, state: PrefillState, kept: torch.Tensor) -> None:
+    def _record_kept_mask(self, state: CacheState, kept: torch.Tensor, pad_mask) -> None:
         """Remember which kept slots are padding (left-padded rows shorter than the budget)."""
-        if state.pad_mask is None:
+        if pad_mask is None:
             return
-        mask = state.pad_mask.gather(1, kept[:, 0])
-        if state.kept_mask is not None and not torch.equal(state.kept_mask, mask):
+        mask = pad_mask.gather(1, kept[:, 0])
+        if state.pass_kept is not None and not torch.equal(state.pass_kept, mask):
             raise ValueError(f"{self.cfg.method}: layers kept different padding; run batch size 1")
-        state.kept_mask = mask
+        state.pass_kept = state.kept_mask = mask
 
 
 @contextmanager
-def compress(model, cfg: CompressorConfig):
-    """Inside the context every prefill leaves each layer's cache compressed by ``cfg``."""
-    session = CompressionSession(model, cfg)
+def compress(model, cfg: CompressorConfig, compress_later_turns: bool = False):
+    """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
+
+    A cache compressed here can be continued in the context: token by token, several tokens at a
+    time, or a later turn through ``generate`` on the same cache (its tokens are appended at the
+    right positions; ``compress_later_turns=True`` compresses a later turn's prompt too)."""
+    session = CompressionSession(model, cfg, compress_later_turns)
     session.attach()
     try:
         yield session

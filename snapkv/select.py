@@ -23,12 +23,14 @@ def _kv_head_chunk(batch: int, group: int, window: int, length: int) -> int:
 
 
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
-                     pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     pad_mask: torch.Tensor | None = None, scaling: float | None = None) -> torch.Tensor:
     """Attention of the last ``window`` queries summed over those queries.
 
     queries ``[b, H, Lq, d]``, keys ``[b, Hkv, L, d]``; returns ``[b, H, L - window]`` in the input
     dtype (query head ``h`` reads KV head ``h // (H / Hkv)``, as ``repeat_kv`` does).
-    ``pad_mask`` ``[b, L]`` (True = real token) masks padded keys out of the softmax.
+    ``pad_mask`` ``[b, L]`` (True = real token) masks padded keys out of the softmax. ``scaling``
+    is the attention module's own (``attn.scaling``); the official code divides by sqrt(head_dim),
+    which is the same for every supported model and the default here.
     """
     b, n_heads, _, d = queries.shape
     n_kv, length = keys.shape[1], keys.shape[2]
@@ -41,7 +43,8 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
     step = _kv_head_chunk(b, group, window, length)
     for start in range(0, n_kv, step):
         k = keys[:, start:start + step].unsqueeze(2)
-        scores = torch.matmul(q[:, start:start + step], k.transpose(-1, -2)) / math.sqrt(d)
+        scores = torch.matmul(q[:, start:start + step], k.transpose(-1, -2))
+        scores = scores / math.sqrt(d) if scaling is None else scores * scaling
         scores[..., -window:] += causal
         if pad_mask is not None:
             scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)
@@ -101,9 +104,9 @@ def top_positions(scores: torch.Tensor, k: int, pad_mask: torch.Tensor | None = 
 
 
 def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, cfg,
-                  pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+                  pad_mask: torch.Tensor | None = None, scaling: float | None = None) -> torch.Tensor:
     """The pooled observation-window vote for positions ``[0, L - window)``."""
-    votes = window_attention(queries, keys, cfg.window, pad_mask)
+    votes = window_attention(queries, keys, cfg.window, pad_mask, scaling)
     votes = pool(votes, cfg.pooling, cfg.kernel)
     return aggregate_heads(votes, keys.shape[1], cfg.gqa)
 

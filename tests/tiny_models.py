@@ -17,10 +17,19 @@ ARCHITECTURES = {
     "qwen3": dict(model_type="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   use_sliding_window=False),
 }
+# Mixture-of-experts blocks (for chunked_mlp): every architecture above plus these.
+MOE_ARCHITECTURES = {
+    "qwen2_moe": dict(model_type="qwen2_moe", num_attention_heads=4, num_key_value_heads=2, use_sliding_window=False,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, decoder_sparse_step=1),
+    "qwen3_moe": dict(model_type="qwen3_moe", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      use_sliding_window=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      decoder_sparse_step=1),
+}
 
 
 def tiny_model(name: str = "llama-gqa", attn: str = "sdpa", seed: int = 0, **overrides):
-    spec = {**COMMON, **ARCHITECTURES[name], **overrides}
+    spec = {**COMMON, **{**ARCHITECTURES, **MOE_ARCHITECTURES}[name], **overrides}
     model_type = spec.pop("model_type")
     config = AutoConfig.for_model(model_type, **spec)
     config._attn_implementation = attn

@@ -28,4 +28,4 @@ class SnapKVConfig(CompressorConfig):
         check_choice("pooling", self.pooling, POOLINGS)
 
     def score(self, ctx):
-        return snapkv_scores(ctx.queries(self.window), ctx.keys, self, ctx.pad_mask)
+        return snapkv_scores(ctx.queries(self.window), ctx.keys, self, ctx.pad_mask, ctx.scaling)
