@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import signal
 import sys
+import threading
 import time
 import traceback
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -16,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import snapkv
 
 from .jsonl import append_record, write_json_atomic
+from .runlock import run_lock
 
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -110,10 +115,18 @@ def _multirun() -> bool:
 
 
 def run_guarded(task, cfg: DictConfig):
-    """Run ``task(cfg)``. Bad input: one line on stderr and exit 2. In a sweep a failing job is
-    recorded (``failed.json``) and reported at the end, and the other jobs go on."""
+    """Run ``task(cfg)`` holding the run folder's lock. Bad input: one line on stderr and exit 2. In a
+    sweep a failing job is recorded (``failed.json``) and reported at the end, and the other jobs go
+    on; a job the scheduler cancels (SIGTERM) records that too. A finished job leaves no failure
+    record, so only current failures are listed. The model and the CUDA cache are freed after each
+    job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
+    out = Path(cfg.output_dir) if cfg.get("output_dir") and cfg.get("task") != "report" else None
     try:
-        return task(cfg)
+        with _on_sigterm(cfg, out), (run_lock(out, cfg.get("lock_wait_s", 0)) if out else nullcontext()):
+            result = task(cfg)
+        if out is not None:
+            clear_failure(out)
+        return result
     except (ValueError, FileNotFoundError) as exc:
         if _multirun():
             _record_failure(cfg, exc)
@@ -125,15 +138,62 @@ def run_guarded(task, cfg: DictConfig):
             _record_failure(cfg, exc)
             return None
         raise
+    finally:
+        _free_memory()
+
+
+def _free_memory() -> None:
+    import gc
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+@contextmanager
+def _on_sigterm(cfg, out: Path | None):
+    """While a job runs, SIGTERM (scancel, preemption, the end of a time limit) writes its failure
+    record before the previous handler runs (submitit's, which lets the job be killed or requeued)."""
+    if out is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        _write_failure(cfg, out, "cancelled or preempted: SIGTERM from the scheduler or the system", None)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _overrides() -> list[str]:
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return sys.argv[1:]
+
+
+def _write_failure(cfg, out: Path, error: str, trace: str | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "failed.json", {"overrides": _overrides(), "error": error, "traceback": trace,
+                                            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                            "slurm_job": os.environ.get("SLURM_JOB_ID")})
 
 
 def _record_failure(cfg, exc: BaseException) -> None:
-    overrides = list(HydraConfig.get().overrides.task)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "failed.json", {"overrides": overrides, "error": f"{type(exc).__name__}: {exc}",
-                                            "traceback": traceback.format_exc()})
-    print(f"job failed ({' '.join(overrides)}): {type(exc).__name__}: {exc}", file=sys.stderr)
+    _write_failure(cfg, Path(cfg.output_dir), f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    print(f"job failed ({' '.join(_overrides())}): {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def clear_failure(out: Path) -> None:

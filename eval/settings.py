@@ -25,8 +25,8 @@ RESUME_MODES = ("auto", "restart")
 # (exact) do not.
 MODEL_FIELDS = ("path", "revision", "package_file", "tokenizer", "use_fast_tokenizer", "dtype",
                 "attn_implementation", "max_length", "chat_format", "protocol", "random_init", "architecture")
-# Kept out of the folder so that Hydra's own files of the current job stay where Hydra writes them.
-_HYDRA_ENTRIES = (".hydra",)
+# Kept in the folder: Hydra's own files of the current job, and the run lock this process holds.
+_HYDRA_ENTRIES = (".hydra", ".lock")  # and the run lock, which this process holds
 
 
 def _plain(value):
