@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_WHEELS ?= /opt/wheels
 
-.PHONY: setup test test-fast demo longbench needle observe bench tables clean
+.PHONY: setup test test-fast demo longbench needle observe bench tables slurm-local clean
 
 setup: $(VENV)/.ready
 
@@ -52,6 +52,10 @@ observe: setup
 
 tables: setup
 	$(PY) -m eval.report $(ARGS)
+
+# A one-node SLURM with accounting on this machine (root, Debian/Ubuntu), to try hydra/launcher=slurm.
+slurm-local:
+	bash scripts/local_slurm.sh
 
 clean:
 	rm -rf results/runs results/report results/demo-runs

@@ -1,0 +1,120 @@
+"""The cluster path on a real one-node SLURM (scripts/local_slurm.sh: slurm-wlm, slurmdbd on MariaDB,
+munge): a 3-job needle sweep through hydra-submitit-launcher, one job cancelled with scancel and
+one preempted (USR2, requeued by submitit) while running, then the same command again."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def slurm_up() -> str | None:
+    """None when a cluster answers (started here if need be), else why not."""
+    if shutil.which("sinfo") and subprocess.run(["bash", "scripts/local_slurm.sh", "status"], cwd=ROOT).returncode == 0:
+        return None
+    if os.geteuid() != 0:
+        return "SLURM is not running and starting it needs root"
+    if not shutil.which("apt-get"):
+        return "SLURM is not running and there is no apt-get to install it"
+    proc = subprocess.run(["bash", "scripts/local_slurm.sh"], cwd=ROOT, capture_output=True, text=True)
+    return None if proc.returncode == 0 else f"scripts/local_slurm.sh failed: {proc.stderr.strip()[-300:]}"
+
+
+BUDGETS = (64, 96, 128)
+CELLS = 24
+
+
+def sweep(folder):
+    return [sys.executable, "-m", "eval.needle", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=cpu",
+            "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2",
+            "hydra.launcher.timeout_min=15", "model=tiny-llama", "compressor.window=8",
+            "compressor.budget=" + ",".join(map(str, BUDGETS)), "needle.lengths=[300,400,500,600]",
+            "needle.depths=[0,20,40,60,80,100]", "needle.max_new_tokens=8", f"hydra.sweep.dir={folder}"]
+
+
+def cells_of(folder, budget):
+    path = folder / "tiny-llama" / f"snapkv-b{budget}-w8-k7-maxpool-mean" / "needle.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def sacct_states() -> str:
+    return subprocess.run(["sacct", "-X", "-o", "JobID,State,ExitCode"], capture_output=True, text=True).stdout
+
+
+def wait_for(job: str, state: str, release: bool = False, timeout: float = 240) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = [line.split() for line in sacct_states().splitlines()[2:]]
+        if any(parts[0] == job and parts[1] == state for parts in states if len(parts) > 1):
+            return True
+        if release:
+            pending = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
+            if "PENDING" in pending and "BeginTime" in pending:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    return False
+
+
+ARRAYS: dict = {}
+
+
+def array_job_id(folder) -> str:
+    return ARRAYS[str(folder)]
+
+
+def array_job(folder) -> str:
+    if str(folder) in ARRAYS:
+        return ARRAYS[str(folder)]
+    for _ in range(600):
+        out = subprocess.run(["squeue", "-h", "-o", "%i %o"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            job, command = line.split(" ", 1)
+            if str(folder) in command:
+                ARRAYS[str(folder)] = job.split("_")[0]
+                return ARRAYS[str(folder)]
+        time.sleep(0.2)
+    raise AssertionError("the sweep's job array never showed up in squeue")
+
+
+def test_sweep_survives_scancel_and_preemption(tmp_path):
+    reason = slurm_up()
+    if reason:
+        pytest.skip(reason)
+    env = {**os.environ, "SNAPKV_BENCH_HOME": str(ROOT)}
+    first = subprocess.Popen(sweep(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    acted = set()
+    deadline = time.time() + 240
+    while first.poll() is None and time.time() < deadline and len(acted) < 2:
+        for index, signal_args in ((0, []), (1, ["--signal=USR2"])):
+            if index not in acted and len(cells_of(tmp_path, BUDGETS[index])) >= 2:
+                array = array_job(tmp_path)
+                subprocess.run(["scancel", *signal_args, f"{array}_{index}"], check=True)
+                acted.add(index)
+        time.sleep(0.2)
+    log = first.communicate(timeout=300)[0]
+    assert acted == {0, 1}, f"jobs finished before they could be cancelled/preempted:\n{log[-3000:]}"
+    cancelled = tmp_path / "tiny-llama" / f"snapkv-b{BUDGETS[0]}-w8-k7-maxpool-mean"
+    kept_before = cells_of(tmp_path, BUDGETS[0])
+    assert first.returncode != 0 and len(kept_before) >= 2            # the launcher saw a cancelled job
+    assert "SIGTERM" in json.loads((cancelled / "failed.json").read_text())["error"]
+    # the preempted job was requeued by submitit; SLURM holds a requeued job ~2 minutes (BeginTime),
+    # which the test shortens, then it resumes from its results file and finishes on its own
+    preempted = f"{array_job_id(tmp_path)}_1"
+    assert wait_for(preempted, "COMPLETED", release=True), sacct_states()
+    assert len(cells_of(tmp_path, BUDGETS[1])) == CELLS
+    again = subprocess.run(sweep(tmp_path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for budget in BUDGETS:
+        cells = cells_of(tmp_path, budget)
+        keys = [(c["context_length"], c["depth_percent"]) for c in cells]
+        assert len(cells) == CELLS and len(set(keys)) == CELLS, budget      # every cell once
+    assert cells_of(tmp_path, BUDGETS[0])[: len(kept_before)] == kept_before   # cells done before the cancel kept
+    assert not (cancelled / "failed.json").exists()
