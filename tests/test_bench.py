@@ -13,7 +13,7 @@ from tiny_models import tiny_model
 def test_bench_app_rows_table_and_figure(tmp_path):
     from eval.bench.__main__ import run
     overrides = ["model=tiny-llama", "compressor.budget=64", "compressor.window=8", "bench.lengths=[128,256]",
-                 "bench.budgets=[64]", "bench.decode_tokens=3", "bench.repeats=1", "bench.fresh_process=false",
+                 "bench.budgets=[64]", "bench.decode_tokens=3", "bench.repeats=3", "bench.fresh_process=false",
                  "bench.methods=[snapkv,streamingllm]", f"output_dir={tmp_path}"]
     rows = run(compose("bench", overrides))
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -69,3 +69,74 @@ def test_chunked_mlp_is_exact():
             got = model(ids).logits
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert "forward" not in vars(model.model.layers[0].mlp)
+
+
+def test_bisection_finds_the_frontier_to_two_percent():
+    from eval.bench.frontier import bisect
+    for true in (1500, 5000, 77_777):
+        found, probes = bisect(lambda n: {"fits": n <= true, "input_tokens": n}, 1024, 1 << 20, 0.02)
+        assert found <= true and (true - found) / true <= 0.02
+        assert len(probes) < 20
+    assert bisect(lambda n: {"fits": False}, 1024, 1 << 20, 0.02)[0] is None
+    assert bisect(lambda n: {"fits": True}, 1024, 4096, 0.02)[0] == 4096
+
+
+def test_a_killed_or_timed_out_probe_is_not_an_oom(monkeypatch):
+    import subprocess
+    from eval.bench import frontier
+    spec = {"method": "full", "budget": None, "input_tokens": 100, "batch": 1}
+
+    def killed(*args, **kwargs):
+        return subprocess.CompletedProcess(args, -9, "", "")
+
+    def slow(*args, **kwargs):
+        raise subprocess.TimeoutExpired("measure", 1)
+
+    monkeypatch.setattr(frontier.subprocess, "run", killed)
+    assert frontier.probe({}, "cpu", spec, 1, 1) == {**spec, "fits": False, "outcome": "killed"}
+    monkeypatch.setattr(frontier.subprocess, "run", slow)
+    assert frontier.probe({}, "cpu", spec, 1, 1) == {**spec, "fits": False, "outcome": "timeout"}
+
+
+def test_frontier_mode_measures_and_plans_each_method(tmp_path, monkeypatch):
+    from eval.bench import frontier
+    from eval.bench.__main__ import run
+    limits = {"full": 3000, "snapkv": 40_000}          # what a cap would allow, per method
+    seen = []
+
+    def fake_probe(model_cfg, device, spec, cap, timeout):
+        seen.append(spec)
+        fits = spec["input_tokens"] <= limits[spec["method"]] // spec["batch"]
+        return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "fits": fits,
+                "outcome": "fits" if fits else "oom"}
+
+    monkeypatch.setattr(frontier, "probe", fake_probe)
+    overrides = ["model=tiny-llama-32l", "compressor.budget=1024", "bench.methods=[snapkv]", "bench.budgets=[1024]",
+                 "bench.lengths=[1024]", "bench.batch_sizes=[1,2]", "bench.frontier=true", "bench.memory_gib=2",
+                 f"output_dir={tmp_path}"]
+    rows = run(compose("bench", overrides))
+    by = {(r["method"], r["batch"]): r for r in rows}
+    assert set(by) == {("full", 1), ("snapkv", 1), ("full", 2), ("snapkv", 2)}
+    for (method, batch), r in by.items():
+        true = limits[method] // batch
+        assert r["measured_frontier_tokens"] <= true and (true - r["measured_frontier_tokens"]) / true <= 0.02
+        assert r["planned_frontier_tokens"] > 0
+    assert by[("snapkv", 1)]["ratio_to_full"] == round(by[("snapkv", 1)]["measured_frontier_tokens"] /
+                                                       by[("full", 1)]["measured_frontier_tokens"], 2)
+    assert all(s["repeats"] == 1 and s["compressor"].get("budget") in (None, 1024) for s in seen)
+    for name in ("frontier.json", "frontier.md", "frontier.png", "frontier.pdf"):
+        assert (tmp_path / name).exists()
+    assert "| 1 | snapkv-1024 |" in (tmp_path / "frontier.md").read_text()
+    count = len(seen)
+    run(compose("bench", overrides))                     # resume: no method is searched twice
+    assert len(seen) == count
+
+
+def test_a_real_probe_runs_in_a_fresh_process():
+    from omegaconf import OmegaConf
+    from eval.bench.frontier import probe
+    model = OmegaConf.to_container(compose("bench", ["model=tiny-llama"]).model, resolve=True)
+    spec = {"method": "full", "budget": None, "input_tokens": 256, "batch": 1, "decode_tokens": 2, "repeats": 1,
+            "compressor": {}}
+    row = probe(model, "cpu", spec, 2**30, 300)
+    assert row["fits"] and row["outcome"] == "fits" and row["peak_bytes"] < 2**30

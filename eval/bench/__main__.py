@@ -42,6 +42,10 @@ def specs_of(cfg) -> list[dict]:
     return specs
 
 
+def specs_lengths(cfg) -> list[int]:
+    return [int(n) for n in cfg.bench.lengths]
+
+
 def _key(row) -> tuple:
     return row["method"], row.get("budget"), row["input_tokens"], row.get("batch", 1)
 
@@ -49,9 +53,10 @@ def _key(row) -> tuple:
 def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
     request = json.dumps({"model": model_cfg, "device": device, "spec": spec})
     proc = subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=request, capture_output=True, text=True)
-    if proc.returncode in (-9, 137):  # killed by the kernel's OOM killer
+    if proc.returncode in (-9, 137):  # killed by the system (e.g. the host's OOM killer): not a CUDA OOM
         return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
-                "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": True}
+                "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False,
+                "killed": True}
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -95,9 +100,12 @@ def run(cfg: DictConfig):
     if cfg.bench.measure:
         # every row of a folder comes from one model, device, method settings and decode length;
         # rows are keyed by (method, budget, length, batch) inside it
+        frontier = {"bench.memory_gib": cfg.bench.memory_gib, "bench.frontier_resolution": cfg.bench.frontier_resolution,
+                    "bench.frontier_min": cfg.bench.frontier_min} if cfg.bench.frontier else {}
         claim(out, fingerprint(cfg, {"device": device, "bench.decode_tokens": cfg.bench.decode_tokens,
-                                     "bench.fresh_process": cfg.bench.fresh_process},
-                               compressor_skip=("tag", "budget", "method")), cfg.resume, ["bench.jsonl"])
+                                     "bench.fresh_process": cfg.bench.fresh_process, **frontier},
+                               compressor_skip=("tag", "budget", "method")), cfg.resume,
+              ["frontier.jsonl"] if cfg.bench.frontier else ["bench.jsonl"])
     clear_failure(out)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor))
     if cfg.bench.plan:
@@ -105,12 +113,24 @@ def run(cfg: DictConfig):
         if not cfg.bench.measure:
             return []
     specs = specs_of(cfg)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    if cfg.bench.frontier:
+        from .frontier import figure as frontier_figure, markdown as frontier_markdown, run_frontier
+        per_method = [s for s in specs if s["method"] != "empty_cache" and s["input_tokens"] == specs_lengths(cfg)[0]]
+        rows = run_frontier(cfg, out, model_cfg, device, per_method)
+        write_json_atomic(out / "frontier.json", rows)
+        title = f"{cfg.model.name} on {device}: longest input under {cfg.bench.memory_gib} GiB"
+        (out / "frontier.md").write_text(frontier_markdown(rows, title), encoding="utf-8")
+        frontier_figure(rows, out / "frontier.png", title)
+        print((out / "frontier.md").read_text())
+        return rows
+    if int(cfg.bench.repeats) < 3:
+        raise ValueError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     results = out / "bench.jsonl"
     done = {_key(r) for r in read_records(results, repair=True)}
     todo = [s for s in specs if _key(s) not in done]
     fresh = cfg.bench.fresh_process
     fresh = (device == "cpu") if fresh == "auto" else bool(fresh)
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     runner = None
     for spec in tqdm(todo, desc="bench", unit="config", dynamic_ncols=True):
         if fresh:

@@ -44,7 +44,7 @@ def measure(runner: Runner, spec: dict) -> dict:
            "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False}
     cuda = device.type == "cuda"
     try:
-        runner.generate(ids[:, : min(64, ids.shape[1])], compressor, 2)  # warm-up
+        runner.generate(ids, compressor, 2)  # warm-up at the measured length: compression and kernels warm
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -73,6 +73,11 @@ def measure(runner: Runner, spec: dict) -> dict:
 
 def main() -> int:
     request = json.loads(sys.stdin.read())
+    cap = request.get("memory_cap_bytes")
+    if cap and str(request.get("device", "")).startswith("cuda"):
+        # the frontier's cap, enforced: allocations beyond it raise a real out-of-memory error
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
     model, _ = load_model(request["model"], request.get("device"), with_tokenizer=False)
     runner = Runner(model, None, mlp_chunk=request["model"].get("mlp_chunk"))
     print(json.dumps(measure(runner, request["spec"])))

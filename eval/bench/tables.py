@@ -65,6 +65,7 @@ def figure(rows: list[dict], path: Path, title: str) -> list[Path]:
     floor = [r for r in rows if r["method"] == "empty_cache" and not r["oom"]]
     if floor:
         ax.axhline(floor[0]["decode_s_per_token"] * 1000, color="grey", linestyle=":", label="empty cache (floor)")
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("Input sequence length (tokens)")
     ax.set_ylabel("Decoding latency (ms/token)")
     ax.set_title(title, fontsize=9)
