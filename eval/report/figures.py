@@ -15,6 +15,11 @@ from ..bench.tables import figure as bench_figure, markdown as bench_markdown
 from ..needle.heatmap import frontier_from_bench, frontier_from_cells, save_heatmap, save_side_by_side
 
 
+def file_name(kind: str, run: str) -> str:
+    """``<kind>_<run folder>``, without repeating the task's own folder name (``needle_needle_...``)."""
+    return run if run.startswith(f"{kind}_") else f"{kind}_{run}"
+
+
 def budget_curves(runs: list[dict], out: Path) -> list[Path]:
     """Score vs budget, one panel per dataset, one line per (model, method, pooling); full KV dashed."""
     datasets = sorted({d for r in runs for d, v in r["scores"].items() if isinstance(v, (int, float))})
@@ -66,7 +71,7 @@ def needle_report(runs: list[dict], out: Path, frontiers: dict | None = None, ki
     summary = []
     frontiers = frontiers or {}
     for r in runs:
-        name = f"{kind}_{r['name']}"
+        name = file_name(kind, r["name"])
         paths += save_heatmap(r["cells"], out / f"{name}.png", f"{r['model']} · {r['label']}",
                               frontiers.get(r["model"]), r["trained_context"])
         for length in sorted({c["context_length"] for c in r["cells"]}):
@@ -95,7 +100,7 @@ def needle_report(runs: list[dict], out: Path, frontiers: dict | None = None, ki
 def bench_report(runs: list[dict], out: Path) -> list[Path]:
     paths = []
     for r in runs:
-        name = f"timing/speed_memory_{r['name']}"
+        name = "timing/" + file_name("speed_memory", r["name"].removeprefix("bench_"))
         (out / "timing").mkdir(parents=True, exist_ok=True)
         (out / f"{name}.md").write_text(bench_markdown(r["rows"]), encoding="utf-8")
         paths.append(out / f"{name}.md")
@@ -109,7 +114,7 @@ def observe_report(runs: list[dict], out: Path) -> list[Path]:
     paths = []
     for r in runs:
         o = r["observe"]
-        name = f"observe_{r['name']}_"
+        name = file_name("observe", r["name"]) + "_"
         settings = (f"{r['model']}, window {o.get('window')}, p {o.get('p')}, theta {o.get('theta')}, "
                     f"pooling {o.get('pooling')}, question at the {o.get('question_position')}")
         (out / f"{name}hit_rates.md").write_text(tables(r["samples"], settings), encoding="utf-8")
