@@ -1,14 +1,22 @@
 """Memory planner: predict prefill/decode peak memory from a model config alone (no weights).
 
-The model is a sum of named terms, so a plan shows where memory goes: weights, the KV cache
-held at the end of prefill, and the largest per-layer transient of a prefill (hidden states,
-one layer's q/k/v, the attention scores, the MLP activations, the last-position logits).
+The model is a sum of named terms, so a plan shows where memory goes: weights (dense or
+mixture-of-experts), the KV cache held at the end of prefill, the KV held while the last layer
+runs, and the largest per-layer transient of a prefill: hidden states, one layer's q/k/v and
+attention (eager: the L x L scores in the model dtype plus their float32 softmax; fused kernels:
+tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
+compression step of each method (SnapKV/PyramidKV: window x L float32 scores; H2O: all L queries and
+1024 x L scores in query chunks; StreamingLLM and random: no attention; ``gqa="repeat"``: a repeated
+copy of one layer's K and V), and the last-position logits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+_H2O_QUERY_CHUNK = 1024
+_SELECTION_CHUNK = 256 * 2**20  # snapkv.select: window x L float32 per chunk of heads
 
 
 def _get(config, name, default=None):
@@ -22,30 +30,72 @@ class Shape:
     heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int
+    intermediate: int        # a dense MLP's, or one expert's
     vocab: int
-    experts: int
+    experts: int             # routed experts per MoE layer (1: dense)
+    active_experts: int      # experts each token runs
+    shared_intermediate: int  # a shared expert's (Qwen2-MoE), 0 if none
     tied: bool
 
     @classmethod
     def of(cls, config) -> "Shape":
+        model_type = _get(config, "model_type")
+        if model_type is not None and model_type not in PLANNED:
+            raise ValueError(f"model_type={model_type!r}: the memory planner knows {', '.join(PLANNED)}; "
+                             "a plan for another architecture would be a wrong number")
         hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+        experts = int(_get(config, "num_local_experts", None) or _get(config, "num_experts", None) or 1)
+        moe = experts > 1
+        intermediate = int(_get(config, "moe_intermediate_size", None) or _get(config, "intermediate_size")) if moe \
+            else int(_get(config, "intermediate_size"))
         return cls(layers=int(_get(config, "num_hidden_layers")), hidden=hidden, heads=heads,
                    kv_heads=int(_get(config, "num_key_value_heads", heads) or heads),
                    head_dim=int(_get(config, "head_dim", None) or hidden // heads),
-                   intermediate=int(_get(config, "intermediate_size")), vocab=int(_get(config, "vocab_size")),
-                   experts=int(_get(config, "num_local_experts", 1) or 1),
+                   intermediate=intermediate, vocab=int(_get(config, "vocab_size")), experts=experts,
+                   active_experts=int(_get(config, "num_experts_per_tok", 1) or 1) if moe else 1,
+                   shared_intermediate=int(_get(config, "shared_expert_intermediate_size", 0) or 0),
                    tied=bool(_get(config, "tie_word_embeddings", False)))
 
     def parameters(self) -> int:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate * self.experts + self.hidden * self.experts
+        mlp = 3 * self.hidden * self.intermediate * self.experts
+        if self.experts > 1:
+            mlp += self.hidden * self.experts  # the router
+            if self.shared_intermediate:
+                mlp += 3 * self.hidden * self.shared_intermediate + self.hidden  # shared expert and its gate
         embed = self.vocab * self.hidden * (1 if self.tied else 2)
         return self.layers * (attn + mlp + 2 * self.hidden) + embed + self.hidden
+
+    def mlp_activations(self, tokens: int, nbytes: int) -> int:
+        """Gate, up and their product for ``tokens`` (MoE: each token's routed experts, the shared one)."""
+        per_token = 3 * self.intermediate * self.active_experts + 3 * self.shared_intermediate
+        routing = tokens * self.experts * 4 * 2 if self.experts > 1 else 0  # router logits and weights
+        return tokens * per_token * nbytes + routing
 
 
 def kv_bytes(shape: Shape, tokens_per_layer: list[int], heads: int, batch: int, nbytes: int) -> int:
     return sum(2 * batch * heads * t * shape.head_dim * nbytes for t in tokens_per_layer)
+
+
+def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes: int) -> int:
+    """Bytes the compression of one layer allocates beside that layer's full K/V."""
+    method = compressor.method
+    repeat = 2 * batch * s.heads * length * s.head_dim * nbytes if compressor.gqa == "repeat" else 0
+    if method in ("snapkv", "pyramidkv"):
+        window = compressor.window
+        queries = batch * s.heads * window * s.head_dim * nbytes
+        group = s.heads // s.kv_heads
+        per_kv_head = batch * group * window * length * 4
+        chunk = max(1, min(s.kv_heads, _SELECTION_CHUNK // max(per_kv_head, 1)))
+        scores = 3 * chunk * per_kv_head + batch * s.heads * length * 4 * 2  # scores/probs, then votes and pooled
+        return queries + scores + repeat
+    if method == "h2o":
+        queries = batch * s.heads * length * s.head_dim * nbytes
+        rows = min(length, _H2O_QUERY_CHUNK)
+        scores = batch * s.heads * rows * length * (nbytes + 4 + nbytes)  # scores, float32 softmax, cast
+        return queries + scores + batch * s.heads * length * 4 * 2 + repeat
+    # streamingllm, random: votes only
+    return batch * s.kv_heads * length * 4 + repeat
 
 
 def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfloat16",
@@ -63,15 +113,14 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     hidden = 3 * batch * length * s.hidden * n
     qkv = batch * length * (s.heads + 2 * s.kv_heads) * s.head_dim * n + batch * length * s.heads * s.head_dim * n
     if attn_implementation == "eager":
-        # one L x L score tensor per head in the model dtype: the frontier the paper reports (~33K for
-        # LWM-7B on 80 GB); a float32 softmax copy beside it would move the frontier lower
-        scores = batch * s.heads * length * length * n
+        # the L x L scores in the model dtype, the float32 softmax of them, and its cast back: the
+        # frontier the paper reports for HF attention (~33K for LWM-7B on 80 GB)
+        scores = batch * s.heads * length * length * (n + 4 + n)
     else:
         scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
-    mlp = 3 * batch * rows * s.intermediate * n * (1 if s.experts == 1 else 2)
+    mlp = s.mlp_activations(batch * rows, n)
     logits = batch * s.vocab * 4
-    window = compressor.window if compresses else 0
-    selection = batch * s.heads * max(window, 1) * length * 4 * 2 if compresses else 0
+    selection = compression_transient(s, compressor, length, batch, n) if compresses else 0
     transient = hidden + max(qkv + scores, mlp, selection) + logits
     # KV the prefill holds while the last layer runs: full KV of every layer, or the compressed
     # earlier layers plus the current one at full length.

@@ -23,14 +23,20 @@ def _ratio(a, b):
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+def _error(planned, measured) -> str:
+    """The planner's relative error against the measurement."""
+    return "-" if not planned or not measured or measured <= 0 else f"{(planned - measured) / measured:+.1%}"
+
+
 def label(row) -> str:
     return row["method"] if row["method"] in ("full", "empty_cache") else f"{row['method']}-{row['budget']}"
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| batch | input tokens | method | prefill s | decode ms/token | decode speed-up vs full | "
-             "peak MiB | peak above model MiB | memory saving vs full | KV cache MiB | KV ratio full/this | OOM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak MiB | peak above model MiB | planned MiB | planner error | memory saving vs full | KV cache MiB | "
+             "planned KV MiB | KV ratio full/this | OOM |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r["batch"], r["input_tokens"]): r for r in rows if r["method"] == "full"}
     for r in sorted(rows, key=lambda r: (r["batch"], r["input_tokens"], r["method"] != "full", label(r))):
         base = full.get((r["batch"], r["input_tokens"]), {})
@@ -40,9 +46,12 @@ def markdown(rows: list[dict]) -> str:
             f"{_seconds(r['prefill_s'])} | "
             f"{'-' if decode is None else f'{decode * 1000:.1f}'} | {_ratio(base.get('decode_s_per_token'), decode)} | "
             f"{_mib(r['peak_memory_bytes'])} | {_mib(r.get('peak_above_model_bytes'))} | "
+            f"{_mib(r.get('predicted_peak_above_model_bytes'))} | "
+            f"{_error(r.get('predicted_peak_above_model_bytes'), r.get('peak_above_model_bytes'))} | "
             f"{_ratio(base.get('peak_above_model_bytes'), r.get('peak_above_model_bytes'))} | "
-            f"{_mib(r['kv_cache_bytes'])} | {_ratio(base.get('kv_cache_bytes'), r['kv_cache_bytes'])} | "
-            f"{'OOM' if r['oom'] else ''} |")
+            f"{_mib(r['kv_cache_bytes'])} | {_mib(r.get('predicted_kv_cache_bytes'))} | "
+            f"{_ratio(base.get('kv_cache_bytes'), r['kv_cache_bytes'])} | "
+            f"{'OOM' if r['oom'] else 'killed' if r.get('killed') else ''} |")
     return "\n".join(lines) + "\n"
 
 
