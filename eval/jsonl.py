@@ -70,3 +70,17 @@ def write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def input_lines(path: Path):
+    """``(where, object)`` for each non-empty line of an input JSONL file (data, not results);
+    ``where`` is ``file:line`` for error messages. A line that is not JSON is an error saying where."""
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None

@@ -9,6 +9,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..jsonl import input_lines
 from ..runner import cache_root
 
 PAPER_DATASETS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
@@ -54,20 +55,12 @@ def validate_row(row, where: str) -> dict:
 
 def read_dataset(path: Path) -> list[dict]:
     rows, seen = [], {}
-    with Path(path).open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-            row = validate_row(row, where)
-            if row["_id"] in seen:
-                raise ValueError(f"{where}: duplicate _id {row['_id']!r} (first on line {seen[row['_id']]})")
-            seen[row["_id"]] = number
-            rows.append(row)
+    for where, row in input_lines(path):
+        row = validate_row(row, where)
+        if row["_id"] in seen:
+            raise ValueError(f"{where}: duplicate _id {row['_id']!r} (first on line {seen[row['_id']]})")
+        seen[row["_id"]] = where.rsplit(":", 1)[1]
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows

@@ -12,11 +12,11 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..chat import encode_chat
+from ..jsonl import input_lines
 
 
 @dataclass
@@ -40,21 +40,13 @@ def _turns(record: dict, where: str) -> list[dict]:
 
 def conversation_samples(path: Path, tokenizer) -> list[Sample]:
     samples = []
-    with Path(path).open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-            turns = _turns(record, where)
-            if len(turns) < 2 or turns[-1]["role"] != "assistant":
-                raise ValueError(f"{where}: the conversation must end with an assistant turn (the response)")
-            text = tokenizer.apply_chat_template(turns[:-1], add_generation_prompt=True, tokenize=False)
-            ids = tokenizer(text, add_special_tokens=False).input_ids
-            samples.append(Sample(str(record.get("id", number)), ids, turns[-1]["content"]))
+    for where, record in input_lines(path):
+        turns = _turns(record, where)
+        if len(turns) < 2 or turns[-1]["role"] != "assistant":
+            raise ValueError(f"{where}: the conversation must end with an assistant turn (the response)")
+        text = tokenizer.apply_chat_template(turns[:-1], add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        samples.append(Sample(str(record.get("id", where.rsplit(":", 1)[1])), ids, turns[-1]["content"]))
     return samples
 
 
