@@ -91,7 +91,9 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
             rows.append(done[key])
             continue
         def run_probe(n):
-            return probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1}, cap, float(b.probe_timeout_s))
+            # memory only: one run, no warm-up (the peak is that of the run itself)
+            return probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1, "warmup": False}, cap,
+                         float(b.probe_timeout_s))
         measured, probes = bisect(run_probe, int(b.frontier_min), int(b.frontier_max), float(b.frontier_resolution))
         compressor = None if spec["method"] == "full" else snapkv.build_config(spec["method"], **spec["compressor"])
         row = {"method": spec["method"], "budget": spec["budget"], "batch": spec["batch"],

@@ -44,7 +44,8 @@ def measure(runner: Runner, spec: dict) -> dict:
            "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False}
     cuda = device.type == "cuda"
     try:
-        runner.generate(ids, compressor, 2)  # warm-up at the measured length: compression and kernels warm
+        if spec.get("warmup", True):  # at the measured length: compression and kernels warm (timings)
+            runner.generate(ids, compressor, 2)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
