@@ -95,6 +95,8 @@ def _compressor_for_plan(cfg):
 
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
+        raise ValueError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     out = output_dir(cfg)
     device = resolve_device(cfg)
     if cfg.bench.measure:
@@ -124,8 +126,6 @@ def run(cfg: DictConfig):
         frontier_figure(rows, out / "frontier.png", title)
         print((out / "frontier.md").read_text())
         return rows
-    if int(cfg.bench.repeats) < 3:
-        raise ValueError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     results = out / "bench.jsonl"
     done = {_key(r) for r in read_records(results, repair=True)}
     todo = [s for s in specs if _key(s) not in done]
