@@ -44,6 +44,11 @@ def measure(runner: Runner, spec: dict) -> dict:
            "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False}
     cuda = device.type == "cuda"
     try:
+        if not cuda:
+            # before the warm-up: the allocator keeps what a run freed, so a peak taken after a
+            # warm-up at the same length would miss most of it
+            _reset_cpu_peak()
+            base = _cpu_rss("VmRSS")
         if spec.get("warmup", True):  # at the measured length: compression and kernels warm (timings)
             runner.generate(ids, compressor, 2)
         if cuda:
@@ -51,9 +56,6 @@ def measure(runner: Runner, spec: dict) -> dict:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-        else:
-            _reset_cpu_peak()
-            base = _cpu_rss("VmRSS")
         prefill, decode = [], []
         for _ in range(int(spec.get("repeats", 3))):
             out = runner.generate(ids, compressor, int(spec["decode_tokens"]))
