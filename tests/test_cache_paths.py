@@ -126,6 +126,8 @@ def test_chunked_mlp_is_exact_at_any_batch(arch):
         with snapkv.chunked_mlp(model, 16):
             got = model(ids).logits
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    layer = model.model.layers[0]
+    assert "forward" not in vars(getattr(layer, "mlp", None) or layer.block_sparse_moe)  # restored
 
 
 def test_h2o_sums_in_the_model_dtype_as_kvcache_factory():
