@@ -64,7 +64,6 @@ class Prompt:
     """One cell's prompt and what scoring it needs."""
     ids: list[int]
     fields: dict          # recorded in the cell (positions, expected value, ...)
-    expected: object = None
 
 
 def run_grid(runner, tokenizer, compressor, todo, depths, cells: list[dict], results: Path, *, build, score,

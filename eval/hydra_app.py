@@ -122,7 +122,7 @@ def run_guarded(task, cfg: DictConfig):
     job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
     out = Path(cfg.output_dir) if cfg.get("output_dir") and cfg.get("task") != "report" else None
     try:
-        with _on_sigterm(cfg, out), (run_lock(out, cfg.get("lock_wait_s", 0)) if out else nullcontext()):
+        with _on_sigterm(out), (run_lock(out, cfg.get("lock_wait_s", 0)) if out else nullcontext()):
             result = task(cfg)
         if out is not None:
             clear_failure(out)
@@ -154,7 +154,7 @@ def _free_memory() -> None:
 
 
 @contextmanager
-def _on_sigterm(cfg, out: Path | None):
+def _on_sigterm(out: Path | None):
     """While a job runs, SIGTERM (scancel, preemption, the end of a time limit) writes its failure
     record before the previous handler runs (submitit's, which lets the job be killed or requeued)."""
     if out is None or threading.current_thread() is not threading.main_thread():
@@ -163,7 +163,7 @@ def _on_sigterm(cfg, out: Path | None):
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
-        _write_failure(cfg, out, "cancelled or preempted: SIGTERM from the scheduler or the system", None)
+        _write_failure(out, "cancelled or preempted: SIGTERM from the scheduler or the system", None)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
@@ -184,7 +184,7 @@ def _overrides() -> list[str]:
         return sys.argv[1:]
 
 
-def _write_failure(cfg, out: Path, error: str, trace: str | None) -> None:
+def _write_failure(out: Path, error: str, trace: str | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "failed.json", {"overrides": _overrides(), "error": error, "traceback": trace,
                                             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -192,7 +192,7 @@ def _write_failure(cfg, out: Path, error: str, trace: str | None) -> None:
 
 
 def _record_failure(cfg, exc: BaseException) -> None:
-    _write_failure(cfg, Path(cfg.output_dir), f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    _write_failure(Path(cfg.output_dir), f"{type(exc).__name__}: {exc}", traceback.format_exc())
     print(f"job failed ({' '.join(_overrides())}): {type(exc).__name__}: {exc}", file=sys.stderr)
 
 

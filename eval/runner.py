@@ -62,15 +62,10 @@ def _tokenizer(spec, use_fast: bool = True):
         return None
     if spec.endswith(".gguf") and "/" in spec and not Path(spec).exists():
         return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec)))
-    if not use_fast and int(transformers_version().split(".")[0]) >= 5:
+    if not use_fast:  # the pinned transformers (5.x) has none
         print("note: model.use_fast_tokenizer=false, but transformers 5 has no slow (sentencepiece) tokenizers; "
               "using the fast one (README: 'Deviations')")
     return AutoTokenizer.from_pretrained(spec, use_fast=use_fast)
-
-
-def transformers_version() -> str:
-    import transformers
-    return transformers.__version__
 
 
 def attn_implementation(cfg) -> str:

@@ -26,7 +26,7 @@ RESUME_MODES = ("auto", "restart")
 MODEL_FIELDS = ("path", "revision", "package_file", "tokenizer", "use_fast_tokenizer", "dtype",
                 "attn_implementation", "max_length", "chat_format", "protocol", "random_init", "architecture")
 # Kept in the folder: Hydra's own files of the current job, and the run lock this process holds.
-_HYDRA_ENTRIES = (".hydra", ".lock")  # and the run lock, which this process holds
+_KEPT_ENTRIES = (".hydra", ".lock")
 
 
 def _plain(value):
@@ -79,7 +79,7 @@ def move_aside(out: Path) -> Path:
         target = out.with_name(f"{out.name}.{stamp}-{n}")
     target.mkdir(parents=True)
     for entry in out.iterdir():
-        if entry.name in _HYDRA_ENTRIES or entry.suffix == ".log":
+        if entry.name in _KEPT_ENTRIES or entry.suffix == ".log":
             continue
         shutil.move(str(entry), str(target / entry.name))
     return target

@@ -22,6 +22,12 @@ def _kv_head_chunk(batch: int, group: int, window: int, length: int) -> int:
     return max(1, _CHUNK_BYTES // max(per_kv_head, 1))
 
 
+def scale_scores(scores: torch.Tensor, head_dim: int, scaling: float | None) -> torch.Tensor:
+    """Q K^T scaled as the attention module does (``attn.scaling``); None: the official
+    ``/ sqrt(head_dim)``, the same value for every supported model."""
+    return scores / math.sqrt(head_dim) if scaling is None else scores * scaling
+
+
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
                      pad_mask: torch.Tensor | None = None, scaling: float | None = None) -> torch.Tensor:
     """Attention of the last ``window`` queries summed over those queries.
@@ -43,8 +49,7 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
     step = _kv_head_chunk(b, group, window, length)
     for start in range(0, n_kv, step):
         k = keys[:, start:start + step].unsqueeze(2)
-        scores = torch.matmul(q[:, start:start + step], k.transpose(-1, -2))
-        scores = scores / math.sqrt(d) if scaling is None else scores * scaling
+        scores = scale_scores(torch.matmul(q[:, start:start + step], k.transpose(-1, -2)), d, scaling)
         scores[..., -window:] += causal
         if pad_mask is not None:
             scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)

@@ -31,7 +31,7 @@ def test_asked_line_by_depth_and_exact_scoring():
 def test_prompts_have_the_asked_length(smol_tokenizer):
     prompts = LinesPrompts(smol_tokenizer, "template", seed=0, pool=800)
     for length in (600, 2000):
-        ids, asked, index = prompts.build(length, 50)
+        ids, asked, index, _ = prompts.build(length, 50)
         assert length - 25 <= len(ids) <= length
         text = smol_tokenizer.decode(ids)
         assert text.count("REGISTER_CONTENT is <") == prompts.count_for(length)

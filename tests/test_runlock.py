@@ -1,13 +1,11 @@
 """One writer per run folder (two local processes), and nothing of a job left alive after it."""
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import weakref
 
-import pytest
 
 from conftest import ROOT, compose
 

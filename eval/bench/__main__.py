@@ -42,10 +42,6 @@ def specs_of(cfg) -> list[dict]:
     return specs
 
 
-def specs_lengths(cfg) -> list[int]:
-    return [int(n) for n in cfg.bench.lengths]
-
-
 def _key(row) -> tuple:
     return row["method"], row.get("budget"), row["input_tokens"], row.get("batch", 1)
 
@@ -118,7 +114,7 @@ def run(cfg: DictConfig):
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if cfg.bench.frontier:
         from .frontier import figure as frontier_figure, markdown as frontier_markdown, run_frontier
-        per_method = [s for s in specs if s["method"] != "empty_cache" and s["input_tokens"] == specs_lengths(cfg)[0]]
+        per_method = [s for s in specs if s["method"] != "empty_cache" and s["input_tokens"] == int(cfg.bench.lengths[0])]
         rows = run_frontier(cfg, out, model_cfg, device, per_method)
         write_json_atomic(out / "frontier.json", rows)
         title = f"{cfg.model.name} on {device}: longest input under {cfg.bench.memory_gib} GiB"

@@ -49,20 +49,17 @@ def run(cfg: DictConfig):
         runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
 
         def build(length, depth):
-            ids, asked, index = prompts.build(length, depth)
-            return Prompt(ids, {"lines": prompts.count_for(length), "asked_line": index, "key": asked.key,
-                                "expected": asked.value}, asked.value)
+            ids, asked, index, count = prompts.build(length, depth)
+            return Prompt(ids, {"lines": count, "asked_line": index, "key": asked.key, "expected": asked.value})
 
         def score(response, prompt):
-            return {"score": exact_value(response, prompt.expected)}
+            return {"score": exact_value(response, prompt.fields["expected"])}
 
         run_grid(runner, tokenizer, compressor, todo, depths, cells, results, build=build, score=score,
                  max_new_tokens=int(lc.max_new_tokens), stops=stop_token_ids(model, tokenizer),
                  skip_after_oom=lc.get("skip_after_oom", True), desc="lines")
     cells = read_records(results)
-    title = f"{cfg.model.name} · LongEval-Lines · {compressor.method}" + (
-        f" (budget {compressor.budget}, window {compressor.window}, kernel {getattr(compressor, 'kernel', '-')}, "
-        f"{getattr(compressor, 'pooling', '-')})" if compressor.compresses else "")
+    title = f"{cfg.model.name} · LongEval-Lines · {compressor.label()}"
     save_heatmap(cells, out / "heatmap.png", title, None, None)
     scored = [c["score"] for c in cells if c.get("score") is not None]
     accuracy = sum(scored) / len(scored) if scored else float("nan")

@@ -83,11 +83,12 @@ class LinesPrompts:
                              "raise lines.pool")
         return count
 
-    def build(self, length: int, depth: float) -> tuple[list[int], Line, int]:
+    def build(self, length: int, depth: float) -> tuple[list[int], Line, int, int]:
+        """``(ids, asked line, its index, lines in the prompt)``."""
         count = self.count_for(length)
         index = asked_index(count, depth)
         asked = self.lines[index]
-        return self.ids(self.lines[:count], asked), asked, index
+        return self.ids(self.lines[:count], asked), asked, index, count
 
 
 def exact_value(response: str, value: int) -> float:

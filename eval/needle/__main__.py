@@ -75,11 +75,6 @@ def task_settings(task: NeedleTask) -> dict:
             "needle.stop_at_newline": task.stop_at_newline}
 
 
-def title_of(cfg, compressor) -> str:
-    settings = ", ".join(f"{k}={v}" for k, v in compressor.describe().items() if k != "method" and v is not None)
-    return f"{cfg.model.name} · {compressor.method}" + (f" ({settings})" if compressor.compresses else "")
-
-
 def check_lengths(lengths: list[int], overhead: int) -> None:
     short = [n for n in lengths if n <= overhead]
     if short:
@@ -107,7 +102,7 @@ def run(cfg: DictConfig):
         run_cells(cfg, task, compressor, todo, depths, cells, results, device)
     cells = read_records(results)
     frontier = nc.get("full_kv_frontier") or full_kv_frontier(cfg, compressor, cells, out)
-    save_heatmap(cells, out / "heatmap.png", title_of(cfg, compressor), frontier, cfg.model.get("trained_context"))
+    save_heatmap(cells, out / "heatmap.png", f"{cfg.model.name} · {compressor.label()}", frontier, cfg.model.get("trained_context"))
     scored = [c for c in cells if c.get("score") is not None]
     mean = sum(c["score"] for c in scored) / len(scored) if scored else float("nan")
     print(f"needle: {len(cells)} cells, mean {task.scorer} {mean:.3f}, {sum(1 for c in cells if c.get('oom'))} OOM, "

@@ -1,8 +1,6 @@
 """python -m eval.observe: observation-window hit rates (SnapKV §4, Figures 2 and 3) (Hydra app)."""
 from __future__ import annotations
 
-import json
-
 import hydra
 import torch
 from omegaconf import DictConfig
@@ -84,7 +82,6 @@ def run(cfg: DictConfig):
                 record = hit_rate_record(model, runner, tokenizer, sample, ob, device)
             if record is not None:
                 append_record(results, record)
-        del model, runner
     key = "layers" if ob.variant == "instructions" else "records"
     lines = [line for line in read_records(results) if line.get(key)]
     if not lines:

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from snapkv.architectures import check_supported, decoder_layers, queries_at
+from snapkv.patch import _cache_of
+from snapkv.select import scale_scores
 
 from .hits import hit_rates
 
@@ -49,13 +51,12 @@ def row_attention(attn, queries: torch.Tensor, rows: torch.Tensor, keys: torch.T
     _, n_heads, n, d = queries.shape
     n_kv, length = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    scaling = getattr(attn, "scaling", None) or 1 / math.sqrt(d)
     blocked = torch.arange(length, device=keys.device)[None, :] > rows[:, None]
     step = max(1, _CHUNK_BYTES // max(group * n * length * 4, 1))
     for start in range(0, n_kv, step):
         k = keys[0, start:start + step]                                   # [c, L, d]
         q = queries[0, start * group:(start + k.shape[0]) * group].reshape(k.shape[0], group, n, d)
-        scores = torch.matmul(q, k[:, None].transpose(-1, -2)) * scaling  # [c, group, n, L]
+        scores = scale_scores(torch.matmul(q, k[:, None].transpose(-1, -2)), d, getattr(attn, "scaling", None))
         scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32)
         yield slice(start * group, (start + k.shape[0]) * group), probs.reshape(-1, n, length)
@@ -86,10 +87,6 @@ def layer_records(attn, hidden, position_embeddings, keys, w: Windows, p: float,
     return [{"figure": fig, "layer": attn.layer_idx, "window": win,
              "heads": [None if math.isnan(v) else round(float(v), 5) for v in rates]}
             for (fig, win), rates in sorted(out.items())]
-
-
-def _cache_of(kwargs):
-    return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
 def _run_with_hook(model, ids: torch.Tensor, on_layer) -> None:

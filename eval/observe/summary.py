@@ -42,7 +42,7 @@ def tables(samples: list[dict], settings: str) -> str:
              "| layer | " + " | ".join(f"response window {j + 1}" for j in range(by_layer3.shape[1])) + " |",
              "|---|" + "---|" * by_layer3.shape[1]]
     lines += [f"| {layer} | " + " | ".join(_fmt(v) for v in row) + " |" for layer, row in enumerate(by_layer3)]
-    lines += ["", f"Mean over layers: " + ", ".join(_fmt(v) for v in _mean(by_layer3, 0)), "",
+    lines += ["", "Mean over layers: " + ", ".join(_fmt(v) for v in _mean(by_layer3, 0)), "",
               "## Figure 2: each of the prompt's last windows against the response (window 1 is the farthest "
               "from the response)", "",
               "| layer | " + " | ".join(str(i + 1) for i in range(by_layer2.shape[1])) + " |",

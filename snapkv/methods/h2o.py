@@ -13,14 +13,13 @@ last bits).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..config import CompressorConfig, check_choice, register
-from ..select import aggregate_heads
+from ..select import aggregate_heads, scale_scores
 
 _QUERY_CHUNK = 1024
 ACCUMULATE = ("model", "float32")
@@ -38,8 +37,7 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     key_pos = torch.arange(length, device=queries.device)
     for start in range(0, length, _QUERY_CHUNK):
         q = queries[:, :, start:start + _QUERY_CHUNK].reshape(b, n_kv, group, -1, d)
-        scores = torch.matmul(q, k)
-        scores = scores / math.sqrt(d) if scaling is None else scores * scaling
+        scores = scale_scores(torch.matmul(q, k), d, scaling)
         query_pos = key_pos[start:start + q.shape[-2]]
         blocked = key_pos[None, :] > query_pos[:, None]
         if pad_mask is not None:
