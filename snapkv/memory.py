@@ -3,11 +3,15 @@
 The model is a sum of named terms, so a plan shows where memory goes: weights (dense or
 mixture-of-experts), the KV cache held at the end of prefill, the KV held while the last layer
 runs, and the largest per-layer transient of a prefill: hidden states, one layer's q/k/v and
-attention (eager: the L x L scores in the model dtype plus their float32 softmax; fused kernels:
-tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
+attention (eager: the L x L scores in the model dtype plus their float32 softmax, and the additive
+mask; fused kernels: tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
 compression step of each method (SnapKV/PyramidKV: window x L float32 scores; H2O: all L queries and
 1024 x L scores in query chunks; StreamingLLM and random: no attention; ``gqa="repeat"``: a repeated
 copy of one layer's K and V), and the last-position logits.
+
+Not planned: padded batches under sdpa (transformers then builds a batch x L x L boolean mask) and
+the runtime's own buffers (CUDA context, cuBLAS workspaces, CPU thread pools); ``eval.bench``
+measures above a model that has run one token, so those are outside its numbers too.
 """
 from __future__ import annotations
 
@@ -73,6 +77,12 @@ class Shape:
         return tokens * per_token * nbytes + routing
 
 
+def softmax_bytes(nbytes: int) -> int:
+    """Bytes per attention entry while a float32 softmax is taken and cast back: the scores, the
+    float32 result and (below float32) its cast to the model dtype."""
+    return nbytes + 4 + (nbytes if nbytes != 4 else 0)
+
+
 def kv_bytes(shape: Shape, tokens_per_layer: list[int], heads: int, batch: int, nbytes: int) -> int:
     return sum(2 * batch * heads * t * shape.head_dim * nbytes for t in tokens_per_layer)
 
@@ -92,8 +102,9 @@ def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes:
     if method == "h2o":
         queries = batch * s.heads * length * s.head_dim * nbytes
         rows = min(length, _H2O_QUERY_CHUNK)
-        scores = batch * s.heads * rows * length * (nbytes + 4 + nbytes)  # scores, float32 softmax, cast
-        return queries + scores + batch * s.heads * length * 4 * 2 + repeat
+        scores = batch * s.heads * rows * length * softmax_bytes(nbytes)  # scaled and masked in place
+        blocked = rows * length  # the chunk's causal mask (bool)
+        return queries + scores + blocked + batch * s.heads * length * 4 * 2 + repeat
     # streamingllm, random: votes only
     return batch * s.kv_heads * length * 4 + repeat
 
@@ -113,9 +124,9 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     hidden = 3 * batch * length * s.hidden * n
     qkv = batch * length * (s.heads + 2 * s.kv_heads) * s.head_dim * n + batch * length * s.heads * s.head_dim * n
     if attn_implementation == "eager":
-        # the L x L scores in the model dtype, the float32 softmax of them, and its cast back: the
-        # frontier the paper reports for HF attention (~33K for LWM-7B on 80 GB)
-        scores = batch * s.heads * length * length * (n + 4 + n)
+        # the L x L scores in the model dtype, the float32 softmax of them, and its cast back, beside
+        # the additive L x L mask transformers builds in the model dtype
+        scores = batch * s.heads * length * length * softmax_bytes(n) + batch * length * length * n
     else:
         scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
     mlp = s.mlp_activations(batch * rows, n)

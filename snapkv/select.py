@@ -22,10 +22,13 @@ def _kv_head_chunk(batch: int, group: int, window: int, length: int) -> int:
     return max(1, _CHUNK_BYTES // max(per_kv_head, 1))
 
 
-def scale_scores(scores: torch.Tensor, head_dim: int, scaling: float | None) -> torch.Tensor:
+def scale_scores(scores: torch.Tensor, head_dim: int, scaling: float | None, inplace: bool = False) -> torch.Tensor:
     """Q K^T scaled as the attention module does (``attn.scaling``); None: the official
-    ``/ sqrt(head_dim)``, the same value for every supported model."""
-    return scores / math.sqrt(head_dim) if scaling is None else scores * scaling
+    ``/ sqrt(head_dim)``, the same value for every supported model. ``inplace`` writes into
+    ``scores`` (same values, no second copy of a large score tensor)."""
+    if scaling is None:
+        return scores.div_(math.sqrt(head_dim)) if inplace else scores / math.sqrt(head_dim)
+    return scores.mul_(scaling) if inplace else scores * scaling
 
 
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -47,8 +45,8 @@ def _key(row) -> tuple:
 
 
 def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
-    request = json.dumps({"model": model_cfg, "device": device, "spec": spec})
-    proc = subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=request, capture_output=True, text=True)
+    from .measure import run_worker
+    proc = run_worker({"model": model_cfg, "device": device, "spec": spec})
     if proc.returncode in (-9, 137):  # killed by the system (e.g. the host's OOM killer): not a CUDA OOM
         return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
                 "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False,

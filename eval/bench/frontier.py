@@ -11,7 +11,6 @@ such, never as OOM. The planner's predicted frontier stands beside each measured
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import snapkv
 from snapkv.memory import longest_fitting, plan
@@ -21,11 +20,11 @@ from ..jsonl import append_record, read_records
 
 def probe(model_cfg: dict, device: str, spec: dict, cap_bytes: int, timeout_s: float) -> dict:
     import json
-    request = json.dumps({"model": model_cfg, "device": device, "spec": spec, "memory_cap_bytes": cap_bytes})
+    from .measure import run_worker
+    request = {"model": model_cfg, "device": device, "spec": spec, "memory_cap_bytes": cap_bytes}
     base = {k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}
     try:
-        proc = subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=request, capture_output=True,
-                              text=True, timeout=timeout_s)
+        proc = run_worker(request, timeout_s)
     except subprocess.TimeoutExpired:
         return {**base, "fits": False, "outcome": "timeout"}
     if proc.returncode in (-9, 137):
@@ -37,6 +36,8 @@ def probe(model_cfg: dict, device: str, spec: dict, cap_bytes: int, timeout_s: f
     if row["oom"]:
         return {**base, "fits": False, "outcome": "oom"}
     peak = row["peak_above_model_bytes"] if device == "cpu" else row["peak_memory_bytes"]
+    if row.get("over_cap"):  # CPU: stopped the moment it passed the cap
+        return {**base, "fits": False, "outcome": "over the cap", "peak_bytes": peak, "stopped_early": True}
     fits = peak <= cap_bytes
     return {**base, "fits": fits, "outcome": "fits" if fits else "over the cap", "peak_bytes": peak}
 
@@ -87,18 +88,19 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
     rows = []
     for spec in specs:
         key = (spec["method"], spec["budget"], spec["batch"])
+        compressor = None if spec["method"] == "full" else snapkv.build_config(spec["method"], **spec["compressor"])
+        # the planner's frontier is computed anew each time (it is code; the measurement is data)
+        planned = planned_frontier(arch, compressor, cap, spec["batch"], cfg, device)
         if key in done:
-            rows.append(done[key])
+            rows.append({**done[key], "planned_frontier_tokens": planned})
             continue
         def run_probe(n):
             # memory only: one run, no warm-up (the peak is that of the run itself)
             return probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1, "warmup": False}, cap,
                          float(b.probe_timeout_s))
         measured, probes = bisect(run_probe, int(b.frontier_min), int(b.frontier_max), float(b.frontier_resolution))
-        compressor = None if spec["method"] == "full" else snapkv.build_config(spec["method"], **spec["compressor"])
         row = {"method": spec["method"], "budget": spec["budget"], "batch": spec["batch"],
-               "memory_cap_bytes": cap, "measured_frontier_tokens": measured,
-               "planned_frontier_tokens": planned_frontier(arch, compressor, cap, spec["batch"], cfg, device),
+               "memory_cap_bytes": cap, "measured_frontier_tokens": measured, "planned_frontier_tokens": planned,
                "probes": probes}
         append_record(results, row)
         rows.append(row)

@@ -37,16 +37,18 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     key_pos = torch.arange(length, device=queries.device)
     for start in range(0, length, _QUERY_CHUNK):
         q = queries[:, :, start:start + _QUERY_CHUNK].reshape(b, n_kv, group, -1, d)
-        scores = scale_scores(torch.matmul(q, k), d, scaling)
+        # in place: one chunk of scores is query_chunk x L per head, the largest tensor H2O makes
+        scores = scale_scores(torch.matmul(q, k), d, scaling, inplace=True)
         query_pos = key_pos[start:start + q.shape[-2]]
         blocked = key_pos[None, :] > query_pos[:, None]
         if pad_mask is not None:
             blocked = blocked | ~pad_mask[:, None, None, None, :]
-        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype).to(dtype)
         if pad_mask is not None:
             probs = probs * pad_mask[:, None, None, start:start + q.shape[-2], None]
         total += probs.sum(dim=-2)
+        del scores, probs  # before the next chunk's scores exist, not after
     return total.reshape(b, n_heads, length)
 
 
