@@ -24,7 +24,7 @@ from ..runner import Runner, is_oom, kv_cache_bytes, load_model  # noqa: F401 (k
 # glibc serves large blocks with mmap, but each time one is freed it raises its mmap threshold (up to
 # 32 MiB) and keeps later blocks of that size on its heap, where freed memory stays resident: peak
 # RSS then counts tensors the program no longer holds (measured on tiny-llama-32l at 16K tokens:
-# full KV 1131 MiB instead of 608, SnapKV 346 instead of 128). A fixed threshold turns that
+# full KV 1131 MiB instead of 602, SnapKV 346 instead of 123). A fixed threshold turns that
 # adjustment off, so resident memory follows the live tensors, as max_memory_allocated does on CUDA.
 WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
