@@ -121,6 +121,11 @@ def test_frontier_mode_measures_and_plans_each_method(tmp_path, monkeypatch):
     count = len(seen)
     run(compose("bench", overrides))                     # resume: no method is searched twice
     assert len(seen) == count
+    (tmp_path / "frontier.jsonl").unlink()               # interrupted inside the searches: probes are kept
+    again = run(compose("bench", overrides))
+    assert len(seen) == count
+    assert {(r["method"], r["batch"], r["measured_frontier_tokens"]) for r in again} == \
+        {(r["method"], r["batch"], r["measured_frontier_tokens"]) for r in rows}
 
 
 def test_a_real_probe_runs_in_a_fresh_process():

@@ -101,7 +101,7 @@ def run(cfg: DictConfig):
         claim(out, fingerprint(cfg, {"device": device, "bench.decode_tokens": cfg.bench.decode_tokens,
                                      "bench.fresh_process": cfg.bench.fresh_process, **frontier},
                                compressor_skip=("tag", "budget", "method")), cfg.resume,
-              ["frontier.jsonl"] if cfg.bench.frontier else ["bench.jsonl"])
+              ["frontier.jsonl", "frontier_probes.jsonl"] if cfg.bench.frontier else ["bench.jsonl"])
     clear_failure(out)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor))
     if cfg.bench.plan:

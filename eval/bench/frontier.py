@@ -42,6 +42,14 @@ def probe(model_cfg: dict, device: str, spec: dict, cap_bytes: int, timeout_s: f
     return {**base, "fits": fits, "outcome": "fits" if fits else "over the cap", "peak_bytes": peak}
 
 
+def _probe_key(row: dict) -> tuple:
+    return row["method"], row.get("budget"), row["batch"], row["input_tokens"]
+
+
+def _name(row: dict) -> str:
+    return row["method"] if row["method"] == "full" else f"{row['method']}-{row['budget']}"
+
+
 def bisect(run_probe, start: int, stop: int, resolution: float) -> tuple[int | None, list[dict]]:
     """The longest fitting length in [start, stop] to ``resolution``, and every probe made."""
     probes = []
@@ -85,6 +93,9 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
     arch = model_architecture(cfg.model)
     results = out / "frontier.jsonl"
     done = {(r["method"], r.get("budget"), r["batch"]): r for r in read_records(results, repair=True)}
+    # every probe as it ends: an interrupted search resumes without repeating one
+    probe_log = out / "frontier_probes.jsonl"
+    probed = {_probe_key(r): r for r in read_records(probe_log, repair=True)}
     rows = []
     for spec in specs:
         key = (spec["method"], spec["budget"], spec["batch"])
@@ -95,9 +106,16 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
             rows.append({**done[key], "planned_frontier_tokens": planned})
             continue
         def run_probe(n):
+            known = probed.get(_probe_key({**spec, "input_tokens": n}))
+            if known is not None:
+                return known
             # memory only: one run, no warm-up (the peak is that of the run itself)
-            return probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1, "warmup": False}, cap,
-                         float(b.probe_timeout_s))
+            row = probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1, "warmup": False}, cap,
+                        float(b.probe_timeout_s))
+            append_record(probe_log, row)
+            peak = f", {row['peak_bytes'] / 2**20:.0f} MiB" if row.get("peak_bytes") is not None else ""
+            print(f"frontier {_name(spec)} batch {spec['batch']}: {n} tokens -> {row['outcome']}{peak}", flush=True)
+            return row
         measured, probes = bisect(run_probe, int(b.frontier_min), int(b.frontier_max), float(b.frontier_resolution))
         row = {"method": spec["method"], "budget": spec["budget"], "batch": spec["batch"],
                "memory_cap_bytes": cap, "measured_frontier_tokens": measured, "planned_frontier_tokens": planned,
@@ -116,7 +134,7 @@ def markdown(rows: list[dict], title: str) -> str:
     lines = [f"# {title}", "", "| batch | method | measured frontier (tokens) | planner's frontier | planner error | "
              "ratio to full KV | probes |", "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["batch"], r["method"] != "full", r["method"], r["budget"] or 0)):
-        name = r["method"] if r["method"] == "full" else f"{r['method']}-{r['budget']}"
+        name = _name(r)
         m, p = r["measured_frontier_tokens"], r["planned_frontier_tokens"]
         error = f"{(p - m) / m:+.1%}" if m and p is not None else "-"
         ratio = f"{r['ratio_to_full']:.2f}x" if r.get("ratio_to_full") else "-"
