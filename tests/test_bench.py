@@ -69,6 +69,12 @@ def test_bisection_finds_the_frontier_to_two_percent():
         assert found <= true and (true - found) / true <= 0.02
         assert len(probes) < 20
     assert bisect(lambda n: {"fits": False}, 1024, 1 << 20, 0.02)[0] is None
+    # seeded near a prediction: above or below the frontier, steps of 1.2x, never below the floor
+    for start in (60_000, 90_000):
+        found, probes = bisect(lambda n: {"fits": n <= 77_777}, start, 1 << 20, 0.02, 1.2, 1024)
+        assert found <= 77_777 and (77_777 - found) / 77_777 <= 0.02 and len(probes) < 12
+    found, probes = bisect(lambda n: {"fits": False, "n": n}, 5000, 1 << 20, 0.02, 1.2, 1024)
+    assert found is None and probes[-1]["n"] == 1024
     assert bisect(lambda n: {"fits": True}, 1024, 4096, 0.02)[0] == 4096
 
 

@@ -89,6 +89,8 @@ def _compressor_for_plan(cfg):
 
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    if cfg.bench.frontier_start not in ("planner", "min"):
+        raise ValueError(f"bench.frontier_start={cfg.bench.frontier_start!r} is not allowed; choose planner or min")
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
         raise ValueError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     out = output_dir(cfg)

@@ -1,7 +1,8 @@
 """The memory frontier, measured: the longest input each method handles under a memory cap.
 
 Bisection over input length, each probe a fresh process (``python -m eval.bench.measure``): from
-``frontier_min`` the length doubles until a probe fails, then the bracket halves until it is
+0.9 x the planner's frontier the length grows (or shrinks) by 1.2x until the frontier is bracketed
+(``frontier_start=min``: from ``frontier_min``, doubling), then the bracket halves until it is
 within ``frontier_resolution`` (2%). On CUDA the cap is enforced (``set_per_process_memory_fraction``
 of ``bench.memory_gib``), so a failure is a real OOM; on CPU a probe fits when its measured peak
 resident memory above the loaded model stays under the cap. A probe killed by the system is
@@ -50,18 +51,34 @@ def _name(row: dict) -> str:
     return row["method"] if row["method"] == "full" else f"{row['method']}-{row['budget']}"
 
 
-def bisect(run_probe, start: int, stop: int, resolution: float) -> tuple[int | None, list[dict]]:
-    """The longest fitting length in [start, stop] to ``resolution``, and every probe made."""
+def bisect(run_probe, start: int, stop: int, resolution: float, growth: float = 2.0,
+           floor: int | None = None) -> tuple[int | None, list[dict]]:
+    """The longest fitting length in [floor, stop] to ``resolution``, and every probe made: from
+    ``start`` the length grows (or, if ``start`` does not fit, shrinks) by ``growth`` until the
+    frontier is bracketed, then the bracket halves."""
     probes = []
     def fits(n):
         row = run_probe(n)
         probes.append(row)
         return row["fits"]
-    if not fits(start):
-        return None, probes
-    lo, hi = start, None
+    floor = start if floor is None else min(floor, start)
+    lo = hi = None
+    if fits(start):
+        lo = start
+    else:
+        hi = start
+        while lo is None:
+            n = max(floor, min(hi - 1, int(hi / growth)))
+            if n >= hi:
+                return None, probes
+            if fits(n):
+                lo = n
+            elif n == floor:
+                return None, probes
+            else:
+                hi = n
     while hi is None:
-        n = min(lo * 2, stop)
+        n = min(max(lo + 1, int(lo * growth)), stop)
         if n == lo:
             return lo, probes
         if fits(n):
@@ -116,7 +133,13 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
             peak = f", {row['peak_bytes'] / 2**20:.0f} MiB" if row.get("peak_bytes") is not None else ""
             print(f"frontier {_name(spec)} batch {spec['batch']}: {n} tokens -> {row['outcome']}{peak}", flush=True)
             return row
-        measured, probes = bisect(run_probe, int(b.frontier_min), int(b.frontier_max), float(b.frontier_resolution))
+        if b.frontier_start == "planner" and planned:
+            # the planner's frontier (within 10% of measurement, README) brackets the search in a few probes
+            start, growth = max(int(b.frontier_min), int(planned * 0.9)), 1.2
+        else:
+            start, growth = int(b.frontier_min), 2.0
+        measured, probes = bisect(run_probe, start, int(b.frontier_max), float(b.frontier_resolution), growth,
+                                  int(b.frontier_min))
         row = {"method": spec["method"], "budget": spec["budget"], "batch": spec["batch"],
                "memory_cap_bytes": cap, "measured_frontier_tokens": measured, "planned_frontier_tokens": planned,
                "probes": probes}
