@@ -201,12 +201,12 @@ class Runner:
             for step in range(max_new_tokens):
                 if step < min_new_tokens and stop:
                     logits[:, list(stop)] = float("-inf")
-                token = int(logits.argmax(dim=-1)[0])
+                picks = logits.argmax(dim=-1)  # every row decodes its own token (a batch in eval.bench)
+                token = int(picks[0])
                 tokens.append(token)
                 if token in stop or step == max_new_tokens - 1:
                     break
-                nxt = torch.tensor([[token]], device=self.device)
-                logits = model(nxt, cache=cache, use_cache=True).logits[:, -1]
+                logits = model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
             _sync(self.device)
             decode_s = time.perf_counter() - start
         return Generation(tokens, input_ids.shape[1], prefill_s, decode_s, session.cache_lengths, kv_bytes)

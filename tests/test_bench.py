@@ -30,6 +30,16 @@ def test_bench_app_rows_table_and_figure(tmp_path):
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == len(data)
 
 
+def test_a_batch_decodes_each_row_as_alone():
+    from eval.runner import Runner
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(1))
+    runner = Runner(model)
+    for comp in (snapkv.FullConfig(), snapkv.SnapKVConfig(budget=32, window=8)):
+        both = runner.generate(ids, comp, 4)
+        assert both.tokens == runner.generate(ids[:1], comp, 4).tokens
+
+
 def test_bench_rejects_unknown_method(tmp_path):
     from eval.bench.__main__ import run
     with pytest.raises(ValueError, match="bench.methods"):
