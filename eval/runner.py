@@ -179,34 +179,50 @@ class Runner:
         self.mlp_chunk = mlp_chunk
         self.device = next(model.parameters()).device
 
-    @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                  stop_ids=(), min_new_tokens: int = 0) -> Generation:
+        return self.generate_shared(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens)[0]
+
+    @torch.inference_mode()
+    def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
+                        stop_ids=(), min_new_tokens: int = 0) -> list[Generation]:
+        """One prefill, then each compressor's greedy continuation from its own cache (one
+        ``Generation`` per compressor, each what ``generate`` alone returns; ``prefill_s`` is the
+        shared prefill's)."""
         from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)
-        stop = set(stop_ids)
         chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        with snapkv.compress(model, compressor) as session, chunk:
-            cache = DynamicCache(config=model.config)
+        with snapkv.compress(model, list(compressors)) as session, chunk:
             _sync(self.device)
             start = time.perf_counter()
-            out = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1]
+            out = model(input_ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+            first_logits = out.logits[:, -1]
+            del out
             _sync(self.device)
             prefill_s = time.perf_counter() - start
-            kv_bytes = kv_cache_bytes(cache)
-            tokens: list[int] = []
-            start = time.perf_counter()
-            for step in range(max_new_tokens):
-                if step < min_new_tokens and stop:
-                    logits[:, list(stop)] = float("-inf")
-                picks = logits.argmax(dim=-1)  # every row decodes its own token (a batch in eval.bench)
-                token = int(picks[0])
-                tokens.append(token)
-                if token in stop or step == max_new_tokens - 1:
-                    break
-                logits = model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
-            _sync(self.device)
-            decode_s = time.perf_counter() - start
-        return Generation(tokens, input_ids.shape[1], prefill_s, decode_s, session.cache_lengths, kv_bytes)
+            caches, lengths = session.caches, session.lengths_per_setting
+            session.caches = []  # so that each cache can be freed once it has decoded
+            results = []
+            for i in range(len(caches)):
+                kv_bytes = kv_cache_bytes(caches[i])
+                start = time.perf_counter()
+                tokens = self._decode(caches[i], first_logits.clone(), max_new_tokens, set(stop_ids), min_new_tokens)
+                _sync(self.device)
+                results.append(Generation(tokens, input_ids.shape[1], prefill_s, time.perf_counter() - start,
+                                          lengths[i], kv_bytes))
+                caches[i] = None
+        return results
+
+    def _decode(self, cache, logits, max_new_tokens: int, stop: set, min_new_tokens: int) -> list[int]:
+        tokens: list[int] = []
+        for step in range(max_new_tokens):
+            if step < min_new_tokens and stop:
+                logits[:, list(stop)] = float("-inf")
+            picks = logits.argmax(dim=-1)  # every row decodes its own token (a batch in eval.bench)
+            token = int(picks[0])
+            tokens.append(token)
+            if token in stop or step == max_new_tokens - 1:
+                break
+            logits = self.model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
+        return tokens

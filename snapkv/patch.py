@@ -6,6 +6,15 @@ prefill's own attention still saw the full KV (as in the official code); only wh
 compressed. A pre-hook on the decoder keeps decoding consistent with the shorter cache: absolute
 position ids (the first generated token sits at the prompt length) and an attention mask of the
 compressed length (padded positions kept only where a row is shorter than the budget).
+
+Several settings, one prefill: given a list of configs, a prefill leaves one cache per setting
+(the cache passed to the model holds the first; ``session.caches`` lists them all). Every method
+compresses after the layer's attention, so the prefill's computation is the same for all of them;
+after each layer's attention the full KV of that layer is compressed once per setting and then
+dropped, so memory holds the kept caches plus one layer's full KV. Scores that several settings
+compute alike (SnapKV's window attention for every budget and kernel, H2O's accumulated attention
+for every budget) are computed once per layer (``LayerContext.shared``); each cache equals the one
+that setting alone produces, tensor for tensor.
 """
 from __future__ import annotations
 
@@ -50,9 +59,18 @@ class LayerContext:
     pad_mask: torch.Tensor | None
     layer_idx: int
     num_layers: int
+    memo: dict = field(default_factory=dict)
+
+    def shared(self, key, compute):
+        """``compute()`` once per layer and prefill for every setting asking with the same ``key``
+        (the key must name every input besides this layer's own tensors)."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def queries(self, n: int) -> torch.Tensor:
-        return window_queries(self.attn, self.hidden_states, self.position_embeddings, n)
+        return self.shared(("queries", n), lambda: window_queries(self.attn, self.hidden_states,
+                                                                  self.position_embeddings, n))
 
     @property
     def scaling(self) -> float | None:
@@ -73,6 +91,8 @@ class CacheState:
     compressed: bool = False
     query_len: int = 0
     pass_kept: torch.Tensor | None = None  # padding kept by the first layer compressed in this pass
+    cfg: CompressorConfig | None = None    # the setting this cache follows
+    siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
 
 
 _STATE = "_snapkv_state"
@@ -93,18 +113,24 @@ def _check_cache(cache) -> None:
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
-    def __init__(self, model, cfg: CompressorConfig, compress_later_turns: bool = False):
-        if not isinstance(cfg, CompressorConfig):
-            raise ValueError(f"cfg={type(cfg).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
+    def __init__(self, model, cfg, compress_later_turns: bool = False):
+        cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
+        if not cfgs:
+            raise ValueError("cfg=[]: give at least one compressor config")
+        for one in cfgs:
+            if not isinstance(one, CompressorConfig):
+                raise ValueError(f"cfg={type(one).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
         check_supported(model)
         limit = getattr(model.config, "max_position_embeddings", None)
-        if cfg.compresses and limit and cfg.budget > limit:
-            raise ValueError(f"budget={cfg.budget} is larger than the model's context "
-                             f"(max_position_embeddings={limit})")
-        self.model, self.cfg = model, cfg
+        for one in cfgs:
+            if one.compresses and limit and one.budget > limit:
+                raise ValueError(f"budget={one.budget} is larger than the model's context "
+                                 f"(max_position_embeddings={limit})")
+        self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
         self.compress_later_turns = compress_later_turns
         self.layers = decoder_layers(model)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
+        self.caches: list = []                # of the latest prefill, one per setting
         self._handles: list = []
         self._groups = {}
         self._generate = None
@@ -150,10 +176,14 @@ class CompressionSession:
 
     @property
     def cache_lengths(self) -> list[int]:
-        """Tokens per head each layer kept at the last prefill."""
-        if self.state is None:
-            return []
-        return [self.state.cache_lengths[i] for i in sorted(self.state.cache_lengths)]
+        """Tokens per head each layer kept at the last prefill (the first setting's)."""
+        return self.lengths_per_setting[0] if self.caches else []
+
+    @property
+    def lengths_per_setting(self) -> list[list[int]]:
+        """Per setting, in the order given, the tokens per head each layer kept at the last prefill."""
+        states = [state_of(cache) for cache in self.caches]
+        return [[state.cache_lengths[i] for i in sorted(state.cache_lengths)] for state in states]
 
     # -- decoder-level hooks ----------------------------------------------------------------
     def _before_decoder(self, module, args, kwargs):
@@ -174,6 +204,7 @@ class CompressionSession:
             state = self._start_prefill(kwargs, q_len, tokens)
             setattr(cache, _STATE, state)
             self.state = state
+            self.caches = [cache] + [sibling for sibling, _ in state.siblings]
             return None
         if not state.compressed:
             state.consumed += q_len
@@ -209,22 +240,33 @@ class CompressionSession:
             if not bool(mask.all()):
                 pad_mask = mask.bool()
                 n_layers = len(self.layers)
-                if self.cfg.compresses and len({min(q_len, self.cfg.layer_budget(i, n_layers, q_len))
-                                                 for i in range(n_layers)}) > 1:
-                    raise ValueError(f"{self.cfg.method}: per-layer budgets need a batch without padding "
-                                     "(attention_mask has zeros); run batch size 1")
+                for cfg in self.cfgs:
+                    if cfg.compresses and len({min(q_len, cfg.layer_budget(i, n_layers, q_len))
+                                               for i in range(n_layers)}) > 1:
+                        raise ValueError(f"{cfg.method}: per-layer budgets need a batch without padding "
+                                         "(attention_mask has zeros); run batch size 1")
         positions = kwargs.get("position_ids")
         if positions is not None:
             next_positions = positions[:, -1] + 1
         else:
             next_positions = torch.full((1,), q_len, dtype=torch.long)
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
-        return CacheState(pad_mask=pad_mask, next_positions=next_positions, consumed=q_len)
+
+        def state(cfg):
+            return CacheState(pad_mask=pad_mask, next_positions=next_positions.clone(), consumed=q_len, cfg=cfg)
+        first = state(self.cfgs[0])
+        first.siblings = [(DynamicCache(config=self.model.config), state(cfg)) for cfg in self.cfgs[1:]]
+        for sibling, sibling_state in first.siblings:
+            setattr(sibling, _STATE, sibling_state)
+        return first
 
     def _after_decoder(self, module, args, kwargs, output):
         state = state_of(_cache_of(kwargs)) if _cache_of(kwargs) is not None else None
         if state is not None:
             state.in_prefill = False
+            for _, sibling in state.siblings:
+                sibling.in_prefill = False
+            state.siblings = []  # filled by this prefill; each cache decodes on its own from now on
 
     # -- attention-level hooks --------------------------------------------------------------
     def _before_attention(self, module, args, kwargs):
@@ -266,36 +308,48 @@ class CompressionSession:
             return None
         idx = module.layer_idx
         layer = cache.layers[idx]
-        keys, values = layer.keys, layer.values
-        length = keys.shape[-2]
-        n_layers = len(self.layers)
-        cfg = self.cfg
-        budget = cfg.layer_budget(idx, n_layers, length) if cfg.compresses else length
-        if length <= budget:
-            state.cache_lengths[idx] = length
-            return None
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        window = cfg.recent_window(idx, n_layers)
+        ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
+                           idx, len(self.layers))
+        # the siblings first: the first setting's own cache layer is replaced last
+        for target, target_state in [*state.siblings, (cache, state)]:
+            self._compress_layer(ctx, target, target_state)
+        return None
+
+    def _compress_layer(self, ctx: LayerContext, cache, state: CacheState) -> None:
+        """Store ``ctx``'s layer, compressed by the cache's setting, as that cache's layer."""
+        idx, keys, values = ctx.layer_idx, ctx.keys, ctx.values
+        length = keys.shape[-2]
+        cfg = state.cfg
+        budget = cfg.layer_budget(idx, ctx.num_layers, length) if cfg.compresses else length
+        if length <= budget:
+            if cache.layers[idx].keys is not keys:
+                cache.layers[idx] = _filled_layer(keys, values)
+            state.cache_lengths[idx] = length
+            return
+        window = cfg.recent_window(idx, ctx.num_layers)
         pad_mask = state.pad_mask
-        if hidden.shape[1] < window:
-            raise ValueError(f"{cfg.method}: a later turn of {hidden.shape[1]} tokens is shorter than window={window}; "
-                             "it cannot be compressed (compress_later_turns=False appends it as it is)")
-        ctx = LayerContext(module, hidden, kwargs["position_embeddings"], keys, values, pad_mask, idx, n_layers)
+        if ctx.hidden_states.shape[1] < window:
+            raise ValueError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
+                             f"window={window}; it cannot be compressed (compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             scores = cfg.score(ctx)
             kept = top_positions(scores, budget - window, pad_mask)
             recent = torch.arange(length - window, length, device=keys.device)
             kept = torch.cat([kept, recent.expand(*kept.shape[:2], window)], dim=-1)
-            groups = self._groups[module]
+            groups = self._groups[ctx.attn]
             if kept.shape[1] != keys.shape[1]:  # gqa="repeat": one selection per query head
                 keys = keys.repeat_interleave(groups, dim=1)
                 values = values.repeat_interleave(groups, dim=1)
             gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
             new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
-        if kept.shape[1] != layer.keys.shape[1]:
+        current = cache.layers[idx]
+        if kept.shape[1] != ctx.keys.shape[1]:
             cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
+        elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
+            current.keys, current.values = new_keys, new_values
         else:
-            layer.keys, layer.values = new_keys, new_values
+            cache.layers[idx] = _filled_layer(new_keys, new_values)
         self._record_kept_mask(state, kept, pad_mask)
         state.cache_lengths[idx] = budget
         if not state.compressed:
@@ -303,21 +357,36 @@ class CompressionSession:
             # generate() and the model read the cache's length to place new tokens: report the tokens
             # it has consumed (the absolute position of the next one), not the kept ones
             cache.get_seq_length = lambda layer_idx=0: state.consumed
-        return None
 
-    def _record_kept_mask(self, state: CacheState, kept: torch.Tensor, pad_mask) -> None:
+    @staticmethod
+    def _record_kept_mask(state: CacheState, kept: torch.Tensor, pad_mask) -> None:
         """Remember which kept slots are padding (left-padded rows shorter than the budget)."""
         if pad_mask is None:
             return
         mask = pad_mask.gather(1, kept[:, 0])
         if state.pass_kept is not None and not torch.equal(state.pass_kept, mask):
-            raise ValueError(f"{self.cfg.method}: layers kept different padding; run batch size 1")
+            raise ValueError(f"{state.cfg.method}: layers kept different padding; run batch size 1")
         state.pass_kept = state.kept_mask = mask
 
 
+def _filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer
+
+
 @contextmanager
-def compress(model, cfg: CompressorConfig, compress_later_turns: bool = False):
+def compress(model, cfg, compress_later_turns: bool = False):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
+
+    ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
+    (``session.caches``; the cache given to the model is the first), each equal to what the setting
+    alone produces. Decode each from its own cache inside the context::
+
+        with snapkv.compress(model, [SnapKVConfig(budget=1024), FullConfig()]) as session:
+            out = model(ids, past_key_values=DynamicCache(config=model.config))
+            snap_cache, full_cache = session.caches
 
     A cache compressed here can be continued in the context: token by token, several tokens at a
     time, or a later turn through ``generate`` on the same cache (its tokens are appended at the

@@ -68,5 +68,6 @@ class H2OConfig(CompressorConfig):
 
     def score(self, ctx):
         keys = ctx.keys
-        votes = accumulated_attention(ctx.queries(keys.shape[-2]), keys, ctx.pad_mask, self.accumulate, ctx.scaling)
+        votes = ctx.shared(("accumulated_attention", self.accumulate), lambda: accumulated_attention(
+            ctx.queries(keys.shape[-2]), keys, ctx.pad_mask, self.accumulate, ctx.scaling))
         return aggregate_heads(votes[..., :-self.window].float(), keys.shape[1], self.gqa)

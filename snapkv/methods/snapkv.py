@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import POOLINGS, CompressorConfig, check_choice, check_int, register
-from ..select import snapkv_scores
+from ..select import aggregate_heads, pool, window_attention
 
 
 @register
@@ -28,4 +28,7 @@ class SnapKVConfig(CompressorConfig):
         check_choice("pooling", self.pooling, POOLINGS)
 
     def score(self, ctx):
-        return snapkv_scores(ctx.queries(self.window), ctx.keys, self, ctx.pad_mask, ctx.scaling)
+        # the window's attention is shared by every budget, kernel and pooling of one prefill
+        votes = ctx.shared(("window_attention", self.window), lambda: window_attention(
+            ctx.queries(self.window), ctx.keys, self.window, ctx.pad_mask, ctx.scaling))
+        return aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
