@@ -1,5 +1,5 @@
-"""Grid tasks (needle, lines): one line a (length, depth) cell, resumable; out-of-memory lengths;
-cells a dead process left; the loop that runs the cells.
+"""Grid tasks (needle, lines) on the task engine: one line a (length, depth) cell, resumable;
+out-of-memory lengths; cells a dead process left.
 
 The results file holds one line a cell. Before a cell runs, ``running.json`` names it; it is removed
 once the cell's line is written. A later run that finds it knows the previous process died inside
@@ -13,11 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
+from .engine import PredictionTask, Prompt, SettingRun
 from .jsonl import append_record, read_records, rewrite_records, write_json_atomic
-from .runner import is_oom
 
 RUNNING = "running.json"
 KILLED = "the process died while running this cell (killed by the system: host memory, a time limit or a signal)"
@@ -60,47 +57,85 @@ def out_of_memory_everywhere(cells: list[dict], length: int, depths: list[float]
 
 
 @dataclass
-class Prompt:
-    """One cell's prompt and what scoring it needs."""
-    ids: list[int]
-    fields: dict          # recorded in the cell (positions, expected value, ...)
+class Cell:
+    length: int
+    depth: float
+
+    @property
+    def key(self) -> tuple:
+        return self.length, float(self.depth)
 
 
-def run_grid(runner, tokenizer, compressor, todo, depths, cells: list[dict], results: Path, *, build, score,
-             max_new_tokens: int, stops: list[int], skip_after_oom: bool, desc: str) -> None:
-    """Run the cells ``todo`` (``(length, depth)`` pairs) in order, one line each in ``results``.
+class GridTask(PredictionTask):
+    """A (length, depth) grid task on the engine: one line a cell in ``results_file``, resumable;
+    after a length ran out of memory at every depth, longer ones are recorded as OOM unrun
+    (``skip_after_oom``); an OOM is recorded, never raised; any other error stops the run."""
 
-    ``build(length, depth) -> Prompt``, ``score(response, prompt) -> dict`` (with ``score``). After
-    a length ran out of memory at every depth, longer lengths are recorded as OOM unrun
-    (``skip_after_oom``); an OOM is recorded, never raised; any other error stops the run.
-    """
-    bar = tqdm(todo, desc=desc, unit="cell", dynamic_ncols=True)
-    for length, depth in bar:
-        bar.set_postfix(length=length, depth=depth)
-        cell = {"context_length": length, "depth_percent": depth}
+    results_file = ""
+    section = ""   # the task's config section (needle, lines)
+
+    def grid(self, cfg) -> tuple[list[int], list[float]]:
+        raise NotImplementedError
+
+    def build(self, cell: Cell) -> tuple[list[int], dict]:
+        """The cell's prompt ids and the fields recorded with it."""
+        raise NotImplementedError
+
+    def score(self, response: str, fields: dict) -> dict:
+        raise NotImplementedError
+
+    def generation(self, model, tokenizer) -> tuple[int, list[int]]:
+        """Tokens to generate and the stop ids."""
+        raise NotImplementedError
+
+    def items(self, cfg) -> list[Cell]:
+        self.lengths, self.depths = self.grid(cfg)
+        self.options = cfg[self.section]
+        return [Cell(n, d) for n in self.lengths for d in self.depths]
+
+    def open(self, run: SettingRun, items) -> set:
+        results = run.out / self.results_file
+        opts = self.options
+        run.state["cells"] = load_cells(results, bool(opts.get("retry_oom")), bool(opts.get("retry_failed")))
+        done = {key(c) for c in run.state["cells"]}
+        return {item.key for item in items} - done
+
+    def skip(self, run: SettingRun, item: Cell) -> bool:
+        cells = run.state["cells"]
         shorter_oom = [n for n in sorted({c["context_length"] for c in cells})
-                       if n < length and out_of_memory_everywhere(cells, n, depths)]
-        if skip_after_oom and shorter_oom:
-            cell.update(response=None, score=None, oom=True,
-                        skipped=f"{shorter_oom[0]} tokens ran out of memory at every depth (skip_after_oom)")
-            finish_cell(results, cell)
-            cells.append(cell)
-            continue
-        built = time.perf_counter()
-        prompt = build(length, depth)
-        cell.update(input_tokens=len(prompt.ids), **prompt.fields, build_s=round(time.perf_counter() - built, 3))
-        start_cell(results, cell)
-        try:
-            gen = runner.generate(torch.tensor([prompt.ids]), compressor, max_new_tokens, stop_ids=stops)
-            tokens = gen.tokens[:-1] if gen.tokens and gen.tokens[-1] in stops else gen.tokens
-            response = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-            cell.update(response=response, **score(response, prompt), oom=False, prefill_s=round(gen.prefill_s, 4),
-                        cache_tokens=max(gen.cache_lengths) if gen.cache_lengths else None)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            cell.update(response=None, score=None, oom=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        finish_cell(results, cell)
+                       if n < item.length and out_of_memory_everywhere(cells, n, self.depths)]
+        if not (self.options.get("skip_after_oom", True) and shorter_oom):
+            return False
+        cell = {"context_length": item.length, "depth_percent": item.depth, "response": None, "score": None,
+                "oom": True, "skipped": f"{shorter_oom[0]} tokens ran out of memory at every depth (skip_after_oom)"}
+        finish_cell(run.out / self.results_file, cell)
         cells.append(cell)
+        return True
+
+    def prompt(self, item: Cell, model, tokenizer) -> Prompt:
+        if not hasattr(self, "_generation"):
+            self._generation = self.generation(model, tokenizer)
+        built = time.perf_counter()
+        ids, fields = self.build(item)
+        max_new, stops = self._generation
+        return Prompt(ids, max_new, stops, fields={**fields, "build_s": round(time.perf_counter() - built, 3)})
+
+    def _cell(self, item: Cell, prompt: Prompt) -> dict:
+        fields = {k: v for k, v in prompt.fields.items() if k != "build_s"}
+        return {"context_length": item.length, "depth_percent": item.depth, "input_tokens": len(prompt.ids),
+                **fields, "build_s": prompt.fields["build_s"]}
+
+    def started(self, run: SettingRun, item: Cell, prompt: Prompt) -> None:
+        start_cell(run.out / self.results_file, self._cell(item, prompt))
+
+    def record(self, run: SettingRun, item: Cell, prompt: Prompt, generation, text) -> None:
+        cell = self._cell(item, prompt)
+        if generation is None:
+            cell.update(response=None, score=None, oom=True)
+        else:
+            response = text.strip()
+            cell.update(response=response, **self.score(response, prompt.fields), oom=False,
+                        prefill_s=round(generation.prefill_s, 4),
+                        cache_tokens=max(generation.cache_lengths) if generation.cache_lengths else None)
+        finish_cell(run.out / self.results_file, cell)
+        run.state["cells"].append(cell)

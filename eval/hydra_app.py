@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -78,6 +78,27 @@ def output_dir(cfg) -> Path:
     return path
 
 
+def shared_group(cfg) -> list[dict] | None:
+    """The settings of a ``shared_prefill`` group job (``[{compressor, output_dir, overrides}]``), or
+    None for a job of one setting."""
+    node = cfg.get("shared_prefill")
+    group = node.get("group") if node is not None else None
+    if not group:
+        return None
+    path = Path(str(group))
+    if not path.is_file():
+        raise ValueError(f"shared_prefill.group={group}: no such file (hydra/sweeper=shared_prefill writes it)")
+    return json.loads(path.read_text(encoding="utf-8"))["settings"]
+
+
+def job_output_dirs(cfg) -> list[Path]:
+    """Every folder a job writes: one per setting."""
+    if cfg.get("task") == "report" or not cfg.get("output_dir"):
+        return []
+    members = shared_group(cfg)
+    return [Path(m["output_dir"]) for m in members] if members else [Path(cfg.output_dir)]
+
+
 def save_run_metadata(cfg, out: Path, compressor, extra: dict | None = None) -> None:
     """``config.yaml`` and ``compressor.json`` of the run that made the folder (never overwritten:
     later invocations resume the same settings, see ``eval.settings``); ``versions.json`` of the
@@ -115,27 +136,31 @@ def _multirun() -> bool:
 
 
 def run_guarded(task, cfg: DictConfig):
-    """Run ``task(cfg)`` holding the run folder's lock. Bad input: one line on stderr and exit 2. In a
-    sweep a failing job is recorded (``failed.json``) and reported at the end, and the other jobs go
+    """Run ``task(cfg)`` holding the lock of every folder the job writes (a shared-prefill group
+    writes one per setting). Bad input: one line on stderr and exit 2. In a sweep a failing job is
+    recorded (``failed.json`` in each of its folders) and reported at the end, and the other jobs go
     on; a job the scheduler cancels (SIGTERM) records that too. A finished job leaves no failure
     record, so only current failures are listed. The model and the CUDA cache are freed after each
     job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
-    out = Path(cfg.output_dir) if cfg.get("output_dir") and cfg.get("task") != "report" else None
+    outs: list[Path] = []
     try:
-        with _on_sigterm(out), (run_lock(out, cfg.get("lock_wait_s", 0)) if out else nullcontext()):
+        outs = job_output_dirs(cfg)
+        with _on_sigterm(outs), ExitStack() as locks:
+            for out in sorted(set(outs)):
+                locks.enter_context(run_lock(out, cfg.get("lock_wait_s", 0)))
             result = task(cfg)
-        if out is not None:
+        for out in outs:
             clear_failure(out)
         return result
     except (ValueError, FileNotFoundError) as exc:
         if _multirun():
-            _record_failure(cfg, exc)
+            _record_failure(outs, exc)
             return None
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:
         if _multirun():
-            _record_failure(cfg, exc)
+            _record_failure(outs, exc)
             return None
         raise
     finally:
@@ -154,16 +179,17 @@ def _free_memory() -> None:
 
 
 @contextmanager
-def _on_sigterm(out: Path | None):
+def _on_sigterm(outs: list[Path]):
     """While a job runs, SIGTERM (scancel, preemption, the end of a time limit) writes its failure
-    record before the previous handler runs (submitit's, which lets the job be killed or requeued)."""
-    if out is None or threading.current_thread() is not threading.main_thread():
+    records before the previous handler runs (submitit's, which lets the job be killed or requeued)."""
+    if not outs or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
-        _write_failure(out, "cancelled or preempted: SIGTERM from the scheduler or the system", None)
+        for out in outs:
+            _write_failure(out, "cancelled or preempted: SIGTERM from the scheduler or the system", None)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
@@ -191,8 +217,9 @@ def _write_failure(out: Path, error: str, trace: str | None) -> None:
                                             "slurm_job": os.environ.get("SLURM_JOB_ID")})
 
 
-def _record_failure(cfg, exc: BaseException) -> None:
-    _write_failure(Path(cfg.output_dir), f"{type(exc).__name__}: {exc}", traceback.format_exc())
+def _record_failure(outs: list[Path], exc: BaseException) -> None:
+    for out in outs:
+        _write_failure(out, f"{type(exc).__name__}: {exc}", traceback.format_exc())
     print(f"job failed ({' '.join(_overrides())}): {type(exc).__name__}: {exc}", file=sys.stderr)
 
 

@@ -97,7 +97,10 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     if cfg.get("random_init"):
         arch = dict(cfg["architecture"])
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-        with torch.device(device or "cpu"):
+        # the same weights in every process and every job of a sweep (a setting's records do not
+        # depend on which jobs ran before it in the process)
+        with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
+            torch.manual_seed(int(cfg.get("init_seed", 0)))
             model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
                                                      attn_implementation=attn)
         tokenizer = _tokenizer(cfg.get("tokenizer"), cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
@@ -181,14 +184,17 @@ class Runner:
 
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                  stop_ids=(), min_new_tokens: int = 0) -> Generation:
-        return self.generate_shared(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens)[0]
+        return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens)[0]
 
-    @torch.inference_mode()
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
                         stop_ids=(), min_new_tokens: int = 0) -> list[Generation]:
         """One prefill, then each compressor's greedy continuation from its own cache (one
         ``Generation`` per compressor, each what ``generate`` alone returns; ``prefill_s`` is the
         shared prefill's)."""
+        return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens)
+
+    @torch.inference_mode()
+    def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int):
         from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)

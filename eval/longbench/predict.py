@@ -1,16 +1,15 @@
-"""Predict LongBench datasets with a model and a compressor, resumable one line at a time."""
+"""LongBench as a prediction task of the engine: one line a row, resumable, per dataset file."""
 from __future__ import annotations
 
-import time
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from ..chat import stop_token_ids
-from ..jsonl import append_record, read_records, rewrite_records
-from ..runner import is_oom
-from .prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
+from ..engine import PredictionTask, Prompt, SettingRun
+from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
+from .data import check_dataset, data_source, dataset_file, file_digest, read_dataset
+from .prompt import PROTOCOLS, build_input_ids, check_protocol, extra_stop_ids, generation_length, min_new_tokens
 
 
 def pred_path(run_dir: Path, dataset: str) -> Path:
@@ -32,32 +31,108 @@ def pending_rows(rows: list[dict], path: Path, retry_oom: bool = False) -> list[
     return [r for r in rows if r["_id"] not in finished]
 
 
-def predict_dataset(runner, dataset: str, rows: list[dict], path: Path, model_cfg, compressor,
-                    max_new_tokens=None) -> int:
-    """Append one prediction line per row; returns how many rows ran out of memory."""
-    tokenizer = runner.tokenizer
-    stops = stop_token_ids(runner.model, tokenizer) + extra_stop_ids(tokenizer, dataset)
-    min_new = min_new_tokens(dataset, model_cfg.protocol)
-    n_new = generation_length(dataset, max_new_tokens)
-    ooms, tokens_seen, started = 0, 0, time.perf_counter()
-    bar = tqdm(rows, desc=dataset, unit="sample", dynamic_ncols=True)
-    for row in bar:
-        ids = build_input_ids(tokenizer, row, dataset, int(model_cfg.max_length), model_cfg.chat_format)
+DATASETS_FILE = "datasets.json"
+
+
+def check_task(lb) -> None:
+    for name in ("limit", "max_new_tokens"):
+        value = lb.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"longbench.{name}={value!r} must be a positive integer (or null)")
+    if not lb.get("revision"):
+        raise ValueError("longbench.revision must name a revision of the hub dataset (a commit, tag or branch)")
+
+
+def task_settings(cfg) -> dict:
+    lb = cfg.longbench
+    return {"longbench.max_new_tokens": lb.max_new_tokens,
+            "longbench.data_source": data_source(lb.data_dir, str(lb.revision))}
+
+
+def record_datasets(out: Path, files: dict) -> dict:
+    """Per dataset: the data file's digest and row count. A dataset whose data changed under
+    existing predictions is refused (the fingerprint covers the folder, this covers each file)."""
+    path = out / DATASETS_FILE
+    known = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    for dataset, info in files.items():
+        old = known.get(dataset)
+        if old and old["sha256"] != info["sha256"] and pred_path(out, dataset).exists():
+            raise ValueError(f"longbench.datasets: {dataset} data changed under existing predictions in {out} "
+                             f"(sha256 {old['sha256']} -> {info['sha256']}); pass resume=restart or another output_dir")
+        known[dataset] = info
+    write_json_atomic(path, known)
+    return known
+
+
+@dataclass
+class Row:
+    dataset: str
+    row: dict
+
+    @property
+    def key(self):
+        return self.dataset, self.row["_id"]
+
+
+class LongBenchTask(PredictionTask):
+    """The rows of the configured datasets; the prompt and generation rules of the model's protocol."""
+
+    name = "longbench"
+    result_names = ("pred", "pred_e")
+
+    def check(self, cfg) -> None:
+        lb = cfg.longbench
+        check_task(lb)
+        check_protocol(cfg.model.get("protocol", "longbench"))
+        self.model_cfg, self.lb = cfg.model, lb
+        self.datasets = [check_dataset(d) for d in lb.datasets]
+        self.sources = {d: dataset_file(d, lb.data_dir, str(lb.revision)) for d in self.datasets}
+        self._stops: dict = {}
+
+    def settings(self, cfg) -> dict:
+        return task_settings(cfg)
+
+    def items(self, cfg) -> list[Row]:
+        data = {d: read_dataset(path) for d, path in self.sources.items()}
+        self.files = {d: {"rows": len(data[d]), "sha256": file_digest(self.sources[d]), "file": str(self.sources[d])}
+                      for d in self.datasets}
+        limit = self.lb.limit
+        self.data = {d: rows[:limit] if limit else rows for d, rows in data.items()}
+        return [Row(dataset, row) for dataset, rows in self.data.items() for row in rows]
+
+    def open(self, run: SettingRun, items) -> set:
+        record_datasets(run.out, self.files)
+        pending = set()
+        for dataset, rows in self.data.items():
+            path = pred_path(run.out, dataset)
+            pending |= {(dataset, r["_id"]) for r in pending_rows(rows, path, bool(self.lb.retry_oom))}
+        return pending
+
+    def metadata(self, cfg) -> dict:
+        return {"protocol": cfg.model.protocol, "protocol_source": PROTOCOLS[cfg.model.protocol]}
+
+    def prompt(self, item: Row, model, tokenizer) -> Prompt:
+        cfg = self.model_cfg
+        dataset = item.dataset
+        if dataset not in self._stops:
+            self._stops[dataset] = stop_token_ids(model, tokenizer) + extra_stop_ids(tokenizer, dataset)
+        ids = build_input_ids(tokenizer, item.row, dataset, int(cfg.max_length), cfg.chat_format)
+        return Prompt(ids, generation_length(dataset, self.lb.max_new_tokens), self._stops[dataset],
+                      min_new_tokens(dataset, cfg.protocol))
+
+    def record(self, run: SettingRun, item: Row, prompt: Prompt, generation, text) -> None:
+        row = item.row
         record = {"_id": row["_id"], "pred": "", "answers": row["answers"], "all_classes": row["all_classes"],
                   "length": row["length"]}
-        try:
-            out = runner.generate(torch.tensor([ids]), compressor, n_new, stop_ids=stops, min_new_tokens=min_new)
-            generated = out.tokens[:-1] if out.tokens and out.tokens[-1] in stops else out.tokens
-            record["pred"] = tokenizer.decode(generated, skip_special_tokens=True)
-            record["input_tokens"] = len(ids)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            ooms += 1
-            record.update(oom=True, input_tokens=len(ids))
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        append_record(path, record)
-        tokens_seen += len(ids)
-        bar.set_postfix(tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}", oom=ooms)
-    return ooms
+        if generation is None:
+            record.update(oom=True, input_tokens=len(prompt.ids))
+        else:
+            record.update(pred=text, input_tokens=len(prompt.ids))
+        append_record(pred_path(run.out, item.dataset), record)
+
+    def finish(self, run: SettingRun) -> dict:
+        from .score import write_scores
+        scores = write_scores(run.out)
+        for dataset, score in scores.items():
+            print(f"{dataset}: {score}")
+        return scores

@@ -9,11 +9,10 @@ import hydra
 from omegaconf import DictConfig
 
 from ..chat import CHAT_FORMATS, stop_token_ids
-from ..hydra_app import CONFIG_PATH, clear_failure, make_compressor, output_dir, resolve_device, run_guarded, \
-    save_run_metadata, typed_text
-from ..gridcells import Prompt, key, load_cells, run_grid
+from .. import engine
+from ..gridcells import GridTask, key
+from ..hydra_app import CONFIG_PATH, output_dir, resolve_device, run_guarded, typed_text
 from ..jsonl import read_records
-from ..settings import claim, fingerprint
 from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_ids, \
     sentence_end_ids
 from .grid import depths_from, lengths_from, numbers
@@ -82,32 +81,76 @@ def check_lengths(lengths: list[int], overhead: int) -> None:
                          f"template, question and needles); the shortest usable length is {overhead + 1}")
 
 
+class NeedleGrid(GridTask):
+    """The needle grid on the task engine: a cell's prompt is the haystack cut to its length with the
+    needles inserted at its depth; its score is the response's recall (or exact match) of the answer."""
+
+    name = "needle"
+    section = "needle"
+    results_file = "needle.jsonl"
+    result_names = ("needle.jsonl",)
+
+    def check(self, cfg) -> None:
+        self.task = read_task(cfg)
+
+    def settings(self, cfg) -> dict:
+        return task_settings(self.task)
+
+    def grid(self, cfg):
+        return lengths_from(cfg.needle), depths_from(cfg.needle)
+
+    def prepare(self, cfg, tokenizer, pending_items) -> None:
+        task = self.task
+        self.tokenizer = tokenizer
+        self.overhead = overhead_tokens(tokenizer, task.needles, task.question, task.chat_format, task.prompt)
+        check_lengths(sorted({c.length for c in pending_items}), self.overhead)
+        started = time.perf_counter()
+        self.stream = haystack_tokens(tokenizer, task.haystack, max(c.length for c in pending_items) - self.overhead)
+        self.ends = sentence_end_ids(tokenizer, self.stream)
+        print(f"needle: haystack of {len(self.stream)} tokens tokenized in {time.perf_counter() - started:.2f} s")
+
+    def generation(self, model, tokenizer):
+        stops = stop_token_ids(model, tokenizer)
+        if self.task.stop_at_newline:
+            stops.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
+        return self.task.max_new_tokens, stops
+
+    def build(self, cell):
+        task, tokenizer = self.task, self.tokenizer
+        haystack = self.stream[: cell.length - self.overhead]
+        context, points = insert_needles(tokenizer, haystack, task.needles,
+                                         needle_depths(cell.depth, len(task.needles)), self.ends)
+        ids = prompt_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
+        return ids, {"needle_token_position": points[0], "depth_achieved": round(100 * points[0] / len(haystack), 2)}
+
+    def score(self, response, fields):
+        scores = cell_scores(response, self.task.needles)
+        return {"score": scores[self.task.scorer], **scores}
+
+    def finish(self, run):
+        cfg, compressor, out = run.cfg, run.compressor, run.out
+        cells = read_records(out / self.results_file)
+        frontier = cfg.needle.get("full_kv_frontier") or full_kv_frontier(cfg, compressor, cells, out)
+        save_heatmap(cells, out / "heatmap.png", f"{cfg.model.name} · {compressor.label()}", frontier,
+                     cfg.model.get("trained_context"))
+        scored = [c for c in cells if c.get("score") is not None]
+        mean = sum(c["score"] for c in scored) / len(scored) if scored else float("nan")
+        print(f"needle: {len(cells)} cells, mean {self.task.scorer} {mean:.3f}, "
+              f"{sum(1 for c in cells if c.get('oom'))} OOM, {sum(1 for c in cells if c.get('failed'))} failed "
+              f"-> {out / 'heatmap.png'}")
+        return mean
+
+
 def run(cfg: DictConfig):
-    compressor = make_compressor(cfg.compressor)
-    task = read_task(cfg)
-    nc = cfg.needle
-    lengths, depths = lengths_from(nc), depths_from(nc)
-    out = output_dir(cfg)
-    results = out / "needle.jsonl"
-    device = resolve_device(cfg)
-    if nc.get("dry_run"):  # reads the folder, writes plan.json only (it may run on a login node)
+    if cfg.needle.get("dry_run"):  # reads the folders, writes plan.json only (it may run on a login node)
         from .plan import dry_run
-        return dry_run(cfg, compressor, lengths, depths, {key(c) for c in read_records(results)}, out, device)
-    claim(out, fingerprint(cfg, task_settings(task)), cfg.resume, ["needle.jsonl"])
-    clear_failure(out)
-    cells = load_cells(results, bool(nc.get("retry_oom")), bool(nc.get("retry_failed")))
-    done = {key(c) for c in cells}
-    todo = [(n, d) for n in lengths for d in depths if (n, d) not in done]
-    if todo:
-        run_cells(cfg, task, compressor, todo, depths, cells, results, device)
-    cells = read_records(results)
-    frontier = nc.get("full_kv_frontier") or full_kv_frontier(cfg, compressor, cells, out)
-    save_heatmap(cells, out / "heatmap.png", f"{cfg.model.name} · {compressor.label()}", frontier, cfg.model.get("trained_context"))
-    scored = [c for c in cells if c.get("score") is not None]
-    mean = sum(c["score"] for c in scored) / len(scored) if scored else float("nan")
-    print(f"needle: {len(cells)} cells, mean {task.scorer} {mean:.3f}, {sum(1 for c in cells if c.get('oom'))} OOM, "
-          f"{sum(1 for c in cells if c.get('failed'))} failed -> {out / 'heatmap.png'}")
-    return mean
+        task = read_task(cfg)  # noqa: F841 (checks the fields)
+        lengths, depths = lengths_from(cfg.needle), depths_from(cfg.needle)
+        results = [dry_run(one.cfg, one.compressor, lengths, depths,
+                           {key(c) for c in read_records(one.out / "needle.jsonl")}, output_dir(one.cfg),
+                           resolve_device(cfg)) for one in engine.job_settings(cfg)]
+        return results[0] if len(results) == 1 else results
+    return engine.run(NeedleGrid(), cfg)
 
 
 def full_kv_frontier(cfg, compressor, cells: list[dict], out: Path) -> int | None:
@@ -116,39 +159,6 @@ def full_kv_frontier(cfg, compressor, cells: list[dict], out: Path) -> int | Non
         return frontier_from_cells(cells)
     sibling = out.parent / "full" / "needle.jsonl"
     return frontier_from_cells(read_records(sibling)) if sibling.exists() else None
-
-
-def run_cells(cfg, task: NeedleTask, compressor, todo, depths, cells, results: Path, device: str) -> None:
-    from ..runner import Runner, load_model, load_tokenizer
-    tokenizer = load_tokenizer(cfg.model)
-    overhead = overhead_tokens(tokenizer, task.needles, task.question, task.chat_format, task.prompt)
-    check_lengths(sorted({n for n, _ in todo}), overhead)
-    save_run_metadata(cfg, results.parent, compressor)
-    started = time.perf_counter()
-    stream = haystack_tokens(tokenizer, task.haystack, max(n for n, _ in todo) - overhead)
-    ends = sentence_end_ids(tokenizer, stream)
-    print(f"needle: haystack of {len(stream)} tokens tokenized in {time.perf_counter() - started:.2f} s")
-    model, _ = load_model(cfg.model, device, with_tokenizer=False)
-    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
-    stops = stop_token_ids(model, tokenizer)
-    if task.stop_at_newline:
-        stops.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
-
-    def build(length, depth):
-        haystack = stream[: length - overhead]
-        context, points = insert_needles(tokenizer, haystack, task.needles,
-                                         needle_depths(depth, len(task.needles)), ends)
-        ids = prompt_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
-        return Prompt(ids, {"needle_token_position": points[0],
-                            "depth_achieved": round(100 * points[0] / len(haystack), 2)})
-
-    def score(response, prompt):
-        scores = cell_scores(response, task.needles)
-        return {"score": scores[task.scorer], **scores}
-
-    run_grid(runner, tokenizer, compressor, todo, depths, cells, results, build=build, score=score,
-             max_new_tokens=task.max_new_tokens, stops=stops, skip_after_oom=cfg.needle.get("skip_after_oom", True),
-             desc="needle")
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="needle")

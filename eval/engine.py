@@ -1,0 +1,199 @@
+"""The task engine: what every prediction task (LongBench, needle, lines) does alike.
+
+A job runs one compressor setting, or a group of them that the ``shared_prefill`` sweeper gave it
+(``shared_prefill.group``: a JSON file of the settings and their folders). Each setting keeps the
+folder, ``settings.json``, metadata and record lines its solo run would have; the engine claims
+every folder, finds the items each setting still lacks, loads the model once, and runs every item
+with one prefill for all the settings that lack it (``Runner.generate_shared``), then decodes each
+setting from its own cache. When the shared prefill runs out of memory, the item is retried setting
+by setting, so a setting records an OOM exactly where its solo run would.
+
+A task supplies only what is its own (``PredictionTask``): the fields that shape its results, its
+items, how an item becomes a prompt, and how a response becomes a record.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+import snapkv
+
+from .hydra_app import clear_failure, make_compressor, resolve_device, save_run_metadata, shared_group
+from .runner import Generation, is_oom
+from .settings import claim, fingerprint
+
+
+@dataclass
+class SettingRun:
+    """One compressor setting of a job: the job config with this setting's compressor node and
+    folder, the compressor, and what the task keeps per setting (records so far, pending keys)."""
+    cfg: object
+    compressor: snapkv.CompressorConfig
+    out: Path
+    pending: set = field(default_factory=set)
+    state: dict = field(default_factory=dict)
+
+
+@dataclass
+class Prompt:
+    """One item's prompt, how to generate its answer, and what recording it needs."""
+    ids: list[int]
+    max_new_tokens: int
+    stop_ids: list[int]
+    min_new_tokens: int = 0
+    fields: dict = field(default_factory=dict)
+
+
+class PredictionTask:
+    """What a prediction task says about itself; the engine does the rest (see the module doc)."""
+
+    name = ""
+    result_names: tuple = ()   # files or folders whose presence means a folder holds results
+
+    def check(self, cfg) -> None:
+        """Validate the task's fields (before any folder is claimed)."""
+
+    def settings(self, cfg) -> dict:
+        """Task fields that change a record (the folder's fingerprint)."""
+        raise NotImplementedError
+
+    def items(self, cfg) -> list:
+        """Every item of the job, in order; each has a hashable ``key``."""
+        raise NotImplementedError
+
+    def open(self, run: SettingRun, items: list) -> set:
+        """Prepare a setting's folder for resuming; return the keys of the items it still lacks."""
+        raise NotImplementedError
+
+    def prepare(self, cfg, tokenizer, pending_items: list) -> None:
+        """Work that depends on the tokenizer, done once before the model loads (checks too)."""
+
+    def metadata(self, cfg) -> dict:
+        return {}
+
+    def skip(self, run: SettingRun, item) -> bool:
+        """Record an item this setting does not run (e.g. longer than a length that ran out of memory
+        at every depth) and return True; False runs it."""
+        return False
+
+    def prompt(self, item, model, tokenizer) -> Prompt:
+        raise NotImplementedError
+
+    def started(self, run: SettingRun, item, prompt: Prompt) -> None:
+        """Called before the item runs for this setting (e.g. a marker for a crash inside it)."""
+
+    def record(self, run: SettingRun, item, prompt: Prompt, generation: Generation | None, text: str | None) -> None:
+        """Write the item's record for this setting; ``generation`` None: it ran out of memory."""
+        raise NotImplementedError
+
+    def finish(self, run: SettingRun):
+        """Summarise one setting's folder (scores, figures); returns the setting's result."""
+        raise NotImplementedError
+
+
+def job_settings(cfg) -> list[SettingRun]:
+    """The settings this job runs: its own compressor, or those of its ``shared_prefill.group``."""
+    members = shared_group(cfg)
+    if not members:
+        return [SettingRun(cfg, make_compressor(cfg.compressor), Path(cfg.output_dir))]
+    base = OmegaConf.to_container(cfg, resolve=True)
+    runs = []
+    for member in members:
+        one = OmegaConf.create({**base, "compressor": member["compressor"], "output_dir": member["output_dir"]})
+        runs.append(SettingRun(one, make_compressor(one.compressor), Path(member["output_dir"])))
+    return runs
+
+
+def run(task: PredictionTask, cfg):
+    """Run a prediction task job; returns ``{folder: result}`` for a group, the result for one setting."""
+    task.check(cfg)
+    runs = job_settings(cfg)
+    items = task.items(cfg)
+    for one in runs:
+        one.out.mkdir(parents=True, exist_ok=True)
+        claim(one.out, fingerprint(one.cfg, task.settings(one.cfg)), cfg.resume, task.result_names)
+        clear_failure(one.out)
+        one.pending = task.open(one, items)
+    if any(one.pending for one in runs):
+        work = [item for item in items if any(item.key in one.pending for one in runs)]
+        execute(task, cfg, runs, work)
+    else:
+        print(f"{task.name}: every record is already there" + (f" ({len(runs)} settings)" if len(runs) > 1 else ""))
+    results = {str(one.out): task.finish(one) for one in runs}
+    return results if len(runs) > 1 else results[str(runs[0].out)]
+
+
+def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> None:
+    from .runner import Runner, load_model, load_tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    task.prepare(cfg, tokenizer, work)
+    for one in runs:
+        if one.pending:
+            save_run_metadata(one.cfg, one.out, one.compressor, task.metadata(one.cfg))
+    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    shared = len(runs) > 1
+    bar = tqdm(work, desc=task.name + (f" x{len(runs)} settings" if shared else ""), unit="item",
+               dynamic_ncols=True)
+    tokens_seen, started, ooms = 0, time.perf_counter(), 0
+    for item in bar:
+        active = []
+        for one in runs:
+            if item.key not in one.pending:
+                continue
+            one.pending.discard(item.key)
+            if not task.skip(one, item):
+                active.append(one)
+        if not active:
+            continue
+        prompt = task.prompt(item, model, tokenizer)
+        for one in active:
+            task.started(one, item, prompt)
+        generations = generate(runner, prompt, [one.compressor for one in active])
+        for one, gen in zip(active, generations):
+            text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
+                                                             skip_special_tokens=True)
+            ooms += gen is None
+            task.record(one, item, prompt, gen, text)
+        tokens_seen += len(prompt.ids)
+        bar.set_postfix(tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}", oom=ooms)
+
+
+def trim_stop(tokens: list[int], stop_ids) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
+
+
+def generate(runner, prompt: Prompt, compressors: list) -> list[Generation | None]:
+    """Each compressor's generation for one prompt (None: out of memory). Several compressors share
+    one prefill; when that runs out of memory each is retried alone, as its solo run would be."""
+    ids = torch.tensor([prompt.ids])
+    kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens)
+    if len(compressors) > 1:
+        try:
+            return runner.generate_shared(ids, compressors, prompt.max_new_tokens, **kwargs)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            release()
+    out = []
+    for compressor in compressors:
+        try:
+            out.append(runner.generate(ids, compressor, prompt.max_new_tokens, **kwargs))
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            release()
+            out.append(None)
+    return out
+
+
+def release() -> None:
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,160 @@
+"""Shared prefill in the tasks: a group job writes, for every setting, the folder, settings.json and
+record lines its solo run writes (float32, CPU); resume per setting; the OOM fallback; grouping."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import compose
+from eval.sweep_groups import group_jobs, write_group
+
+SETTINGS = [
+    ["compressor=full"],
+    ["compressor=snapkv", "compressor.budget=64", "compressor.window=8", "compressor.kernel=5"],
+    ["compressor=snapkv", "compressor.budget=128", "compressor.window=8", "compressor.kernel=5"],
+    ["compressor=snapkv", "compressor.budget=64", "compressor.window=8", "compressor.kernel=3"],
+    ["compressor=pyramidkv", "compressor.budget=64", "compressor.window=8"],
+    ["compressor=h2o", "compressor.budget=64", "compressor.window=8"],
+    ["compressor=streamingllm", "compressor.budget=64"],
+]
+TASKS = {
+    "longbench": ["longbench.datasets=[multi_news]", "longbench.data_dir=eval/data/longbench_sample",
+                  "longbench.limit=2", "longbench.max_new_tokens=4"],
+    "needle": ["needle.haystack=noise", "needle.lengths=[300,500]", "needle.depths=[0,60]", "needle.max_new_tokens=3"],
+    "lines": ["lines.lengths=[300]", "lines.depths=[0,100]", "lines.max_new_tokens=3"],
+}
+RESULTS = {"longbench": "pred/multi_news.jsonl", "needle": "needle.jsonl", "lines": "lines.jsonl"}
+TIMINGS = ("prefill_s", "build_s")
+
+
+def task_run(task):
+    from importlib import import_module
+    return import_module(f"eval.{task}.__main__").run
+
+
+def records(path: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS}
+            for line in path.read_text().splitlines()]
+
+
+def shared_job(task, base, jobs, sweep_dir):
+    """What the sweeper does: group the jobs, write the group file, compose the group's job."""
+    def compose_job(overrides):
+        return compose(task, base + [f"hydra.sweep.dir={sweep_dir}", *overrides], hydra_node=True)
+    groups = group_jobs(jobs, compose_job)
+    assert len(groups) == 1
+    members = groups[0]
+    path = write_group(Path(sweep_dir), members)
+    cfg = compose(task, base + members[0].overrides + [f"shared_prefill.group={path}",
+                                                       f"output_dir={members[0].output_dir}"])
+    return cfg, members
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_shared_prefill_records_equal_solo_runs(tmp_path, task, attn):
+    base = ["model=tiny-llama", f"model.attn_implementation={attn}", *TASKS[task]]
+    run = task_run(task)
+    cfg, members = shared_job(task, base, SETTINGS, tmp_path / "shared")
+    assert len(members) == len(SETTINGS)
+    run(cfg)
+    for overrides, member in zip(SETTINGS, members):
+        solo = tmp_path / "solo" / Path(member.output_dir).name
+        run(compose(task, base + overrides + [f"output_dir={solo}"]))
+        shared = Path(member.output_dir)
+        assert json.loads((shared / "settings.json").read_text()) == json.loads((solo / "settings.json").read_text())
+        assert (shared / "compressor.json").read_text() == (solo / "compressor.json").read_text()
+        assert records(shared / RESULTS[task]) == records(solo / RESULTS[task]), member.output_dir
+
+
+def test_group_resumes_per_setting_and_skips_finished_settings(tmp_path, monkeypatch):
+    from eval.runner import Runner
+    base = ["model=tiny-llama", *TASKS["needle"]]
+    run = task_run("needle")
+    settings = SETTINGS[:3]
+    # one setting already finished two cells alone
+    first = compose("needle", base + settings[1] + ["needle.lengths=[300]", f"output_dir={tmp_path}/x"])
+    cfg, members = shared_job("needle", base, settings, tmp_path / "shared")
+    first.output_dir = members[1].output_dir
+    run(first)
+    calls = []
+    real = Runner.generate_shared
+
+    def spy(self, ids, compressors, *args, **kwargs):
+        calls.append([c.label() for c in compressors])
+        return real(self, ids, compressors, *args, **kwargs)
+    monkeypatch.setattr(Runner, "generate_shared", spy)
+    run(cfg)
+    # the cells at 300 tokens ran for the two other settings only; those at 500 for all three
+    assert [len(c) for c in calls] == [2, 2, 3, 3]
+    for member in members:
+        cells = records(Path(member.output_dir) / "needle.jsonl")
+        assert sorted((c["context_length"], c["depth_percent"]) for c in cells) == \
+            [(300, 0.0), (300, 60.0), (500, 0.0), (500, 60.0)]
+    calls.clear()
+    run(cfg)  # everything is there: nothing runs
+    assert calls == []
+
+
+def test_out_of_memory_in_a_shared_prefill_retries_each_setting_alone(tmp_path, monkeypatch):
+    import snapkv
+    from eval.runner import Runner
+    base = ["model=tiny-llama", *TASKS["longbench"]]
+    settings = SETTINGS[:3]
+    cfg, members = shared_job("longbench", base, settings, tmp_path / "shared")
+
+    def shared_oom(self, *args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    real = Runner.generate
+
+    def solo_oom_for_full(self, ids, compressor, *args, **kwargs):
+        if isinstance(compressor, snapkv.FullConfig):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return real(self, ids, compressor, *args, **kwargs)
+    monkeypatch.setattr(Runner, "generate_shared", shared_oom)
+    monkeypatch.setattr(Runner, "generate", solo_oom_for_full)
+    task_run("longbench")(cfg)
+    for member in members:
+        lines = records(Path(member.output_dir) / RESULTS["longbench"])
+        assert len(lines) == 2
+        assert all(l.get("oom", False) == (member.compressor["method"] == "full") for l in lines)
+
+
+def test_settings_a_method_ignores_collapse_into_one_folder(tmp_path):
+    jobs = [["compressor=full", "compressor.budget=64"], ["compressor=full", "compressor.budget=128"],
+            ["compressor=snapkv", "compressor.budget=64"], ["compressor=snapkv", "compressor.budget=128"],
+            ["compressor=h2o", "compressor.kernel=5"], ["compressor=h2o", "compressor.kernel=7"]]
+
+    def compose_job(overrides):
+        return compose("needle", ["model=tiny-llama", f"hydra.sweep.dir={tmp_path}", *overrides], hydra_node=True)
+    groups = group_jobs(jobs, compose_job)
+    assert len(groups) == 1
+    folders = [Path(m.output_dir).name for m in groups[0]]
+    assert folders == ["full", "snapkv-b64-w32-k7-maxpool-mean", "snapkv-b128-w32-k7-maxpool-mean",
+                       "h2o-b4096-w32-mean-model"]
+    assert groups[0][0].overrides == ["compressor=full"] and groups[0][0].compressor["budget"] is None
+
+
+def test_jobs_that_differ_elsewhere_are_separate_groups(tmp_path):
+    jobs = [[f"model={m}", f"compressor.budget={b}"] for m in ("tiny-llama", "smollm2-135m") for b in (64, 128)]
+
+    def compose_job(overrides):
+        return compose("needle", [f"hydra.sweep.dir={tmp_path}", *overrides], hydra_node=True)
+    groups = group_jobs(jobs, compose_job)
+    assert [[Path(m.output_dir).parent.name for m in g] for g in groups] == \
+        [["tiny-llama", "tiny-llama"], ["smollm2-135m", "smollm2-135m"]]
+
+
+def test_two_settings_in_one_folder_are_an_error(tmp_path):
+    def compose_job(overrides):
+        return compose("needle", ["model=tiny-llama", f"hydra.sweep.dir={tmp_path}", *overrides], hydra_node=True)
+    with pytest.raises(ValueError, match="two settings write .*compressor.tag"):
+        group_jobs([["compressor.kernel=5", "compressor.tag=same"], ["compressor.kernel=7", "compressor.tag=same"]],
+                   compose_job)
+
+
+def test_missing_group_file_is_one_clear_error(tmp_path):
+    cfg = compose("needle", ["model=tiny-llama", f"shared_prefill.group={tmp_path}/nope.json",
+                             f"output_dir={tmp_path}/run"])
+    with pytest.raises(ValueError, match="shared_prefill.group=.*no such file"):
+        task_run("needle")(cfg)
