@@ -13,15 +13,15 @@ RUNS=results/demo-runs   # not under results/runs: make tables over real runs ne
 PART=${1:-all}
 LABEL="SmolLM2-135M-Instruct (Q4_1 GGUF, float32) on CPU ($(nproc) cores); command:"
 
+# One job per part: full KV and every compressor setting share one prefill per prompt (full, which
+# reads no budget or pooling, is one setting).
 longbench() {
-  $PY -m eval.longbench experiment=demo compressor=full hydra.run.dir=$RUNS/longbench/smollm2-135m/full
-  $PY -m eval.longbench -m experiment=demo compressor.budget=256,512 compressor.pooling=maxpool,avgpool \
-      hydra.sweep.dir=$RUNS/longbench
+  $PY -m eval.longbench -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv \
+      compressor.budget=256,512 compressor.pooling=maxpool,avgpool hydra.sweep.dir=$RUNS/longbench
 }
 needle() {
-  $PY -m eval.needle experiment=demo compressor=full hydra.run.dir=$RUNS/needle/smollm2-135m/full
-  $PY -m eval.needle -m experiment=demo compressor=snapkv,streamingllm compressor.budget=256 \
-      hydra.sweep.dir=$RUNS/needle
+  $PY -m eval.needle -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv,streamingllm \
+      compressor.budget=256 hydra.sweep.dir=$RUNS/needle
 }
 observe() {
   $PY -m eval.observe experiment=demo hydra.run.dir=$RUNS/observe/smollm2-135m
@@ -33,9 +33,20 @@ report() {  # report RUNS_SUBDIR OUT COMMAND
   $PY -m eval.report report.runs=$1 report.out=$2 "report.label='$LABEL $3'"
 }
 
+TIMES=()
+timed() {  # timed PART ARGS...: run a part and remember how long it took
+  local started=$SECONDS
+  "$@"
+  TIMES+=("$1 $((SECONDS - started)) s")
+}
+# The machine's speed, so that the times below can be compared with the README's.
+$PY -c "import time, torch; a = torch.randn(2048, 2048); a @ a; t = time.perf_counter(); [a @ a for _ in range(5)]; \
+print(f'machine: {5 * 2 * 2048**3 / (time.perf_counter() - t) / 1e9:.0f} GFLOPS float32 matmul on {torch.get_num_threads()} threads')"
+
 case "$PART" in
-  all) longbench; needle; observe; bench; report $RUNS results/demo "make demo" ;;
-  longbench|needle|observe|bench) $PART; report $RUNS/$PART results/report/demo-$PART "make $PART" ;;
+  all) timed longbench; timed needle; timed observe; timed bench; timed report $RUNS results/demo "make demo" ;;
+  longbench|needle|observe|bench) timed $PART; timed report $RUNS/$PART results/report/demo-$PART "make $PART" ;;
   *) echo "usage: scripts/demo.sh [all|longbench|needle|observe|bench]" >&2; exit 2 ;;
 esac
+printf 'time per part: %s\n' "$(IFS=';'; echo "${TIMES[*]}")"
 echo "demo ($PART) done"

@@ -6,7 +6,7 @@ runs, and the largest per-layer transient of a prefill: hidden states, one layer
 attention (eager: the L x L scores in the model dtype plus their float32 softmax, and the additive
 mask; fused kernels: tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
 compression step of each method (SnapKV/PyramidKV: window x L float32 scores; H2O: all L queries and
-1024 x L scores in query chunks; StreamingLLM and random: no attention; ``gqa="repeat"``: a repeated
+1024 x L scores of one KV head's query heads at a time; StreamingLLM and random: no attention; ``gqa="repeat"``: a repeated
 copy of one layer's K and V), and the last-position logits.
 
 Not planned: padded batches under sdpa (transformers then builds a batch x L x L boolean mask) and
@@ -102,7 +102,9 @@ def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes:
     if method == "h2o":
         queries = batch * s.heads * length * s.head_dim * nbytes
         rows = min(length, _H2O_QUERY_CHUNK)
-        scores = batch * s.heads * rows * length * softmax_bytes(nbytes)  # scaled and masked in place
+        # one KV head's group of query heads at a time, scaled and masked in place; the last chunk
+        # scores every key
+        scores = batch * (s.heads // s.kv_heads) * rows * length * softmax_bytes(nbytes)
         blocked = rows * length  # the chunk's causal mask (bool)
         return queries + scores + blocked + batch * s.heads * length * 4 * 2 + repeat
     # streamingllm, random: votes only

@@ -142,3 +142,20 @@ def test_h2o_sums_in_the_model_dtype_as_kvcache_factory():
     assert got.dtype == torch.bfloat16 and torch.equal(got, official)
     exact = accumulated_attention(q, k, accumulate="float32")
     assert exact.dtype == torch.float32 and not torch.equal(exact, official.float())
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_h2o_chunks_of_queries_and_heads_equal_the_one_shot_sum(monkeypatch, padded):
+    """Several query chunks, each scored against its causal prefix only, one KV head at a time."""
+    import snapkv.methods.h2o as h2o
+    monkeypatch.setattr(h2o, "_QUERY_CHUNK", 64)
+    torch.manual_seed(1)
+    q, k = torch.randn(2, 4, 300, 16), torch.randn(2, 2, 300, 16)
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    if padded:
+        mask[1, :37] = False
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)) / math.sqrt(16)
+    blocked = torch.ones(300, 300, dtype=torch.bool).triu(1) | ~mask[:, None, None, :]
+    probs = torch.softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min), dim=-1) * mask[:, None, :, None]
+    got = h2o.accumulated_attention(q, k, mask if padded else None)
+    torch.testing.assert_close(got, probs.sum(dim=-2), rtol=1e-5, atol=1e-5)

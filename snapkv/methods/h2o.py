@@ -27,28 +27,35 @@ ACCUMULATE = ("model", "float32")
 
 def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: torch.Tensor | None = None,
                           accumulate: str = "model", scaling: float | None = None) -> torch.Tensor:
-    """Causal attention summed over every query: ``[b, H, L]`` (the model dtype, or float32)."""
+    """Causal attention summed over every query: ``[b, H, L]`` (the model dtype, or float32).
+
+    Queries go in chunks of ``_QUERY_CHUNK`` rows and one KV head (its group of query heads) at a
+    time; a chunk is scored against the keys up to its last query only, since later keys get an
+    exact zero from the causal softmax. Both keep a chunk's scores small (query_chunk x prefix per
+    query head of one group) and halve the work of scoring every key."""
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
     dtype = queries.dtype if accumulate == "model" else torch.float32
-    k = keys.unsqueeze(2).transpose(-1, -2)
     total = torch.zeros(b, n_kv, group, length, dtype=dtype, device=queries.device)
     key_pos = torch.arange(length, device=queries.device)
     for start in range(0, length, _QUERY_CHUNK):
-        q = queries[:, :, start:start + _QUERY_CHUNK].reshape(b, n_kv, group, -1, d)
-        # in place: one chunk of scores is query_chunk x L per head, the largest tensor H2O makes
-        scores = scale_scores(torch.matmul(q, k), d, scaling, inplace=True)
-        query_pos = key_pos[start:start + q.shape[-2]]
-        blocked = key_pos[None, :] > query_pos[:, None]
+        end = min(start + _QUERY_CHUNK, length)
+        blocked = key_pos[None, :end] > key_pos[start:end, None]
         if pad_mask is not None:
-            blocked = blocked | ~pad_mask[:, None, None, None, :]
-        scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype).to(dtype)
-        if pad_mask is not None:
-            probs = probs * pad_mask[:, None, None, start:start + q.shape[-2], None]
-        total += probs.sum(dim=-2)
-        del scores, probs  # before the next chunk's scores exist, not after
+            blocked = blocked | ~pad_mask[:, None, None, :end]          # [b, 1, rows, end]
+        for head in range(n_kv):
+            q = queries[:, head * group:(head + 1) * group, start:end]  # [b, group, rows, d]
+            k = keys[:, head:head + 1, :end]
+            # in place: the chunk's scores are the largest tensor H2O makes
+            scores = scale_scores(torch.matmul(q, k.transpose(-1, -2)), d, scaling, inplace=True)
+            scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype).to(dtype)
+            del scores
+            if pad_mask is not None:
+                probs = probs * pad_mask[:, None, start:end, None]
+            total[:, head, :, :end] += probs.sum(dim=-2)
+            del probs  # before the next head's scores exist, not after
     return total.reshape(b, n_heads, length)
 
 
