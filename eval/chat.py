@@ -1,6 +1,8 @@
 """Chat formats: how a model config's ``chat_format`` wraps a prompt before tokenization."""
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 # fastchat's "vicuna_v1.1" conversation, which LongBench's pred.py uses for LongChat/Vicuna.
 _VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
                   "The assistant gives helpful, detailed, and polite answers to the user's questions.")
@@ -25,7 +27,7 @@ def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
         return prompt, True
     if chat_format == "template":
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("model.chat_format=template but the tokenizer has no chat template; "
+            raise InputError("model.chat_format=template but the tokenizer has no chat template; "
                              f"choose one of {', '.join(CHAT_FORMATS)}")
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
@@ -38,7 +40,7 @@ def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
         return f"[INST] {prompt} [/INST]", True
     if chat_format == "llama2":
         return f"[INST]{prompt}[/INST]", True
-    raise ValueError(f"model.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
+    raise InputError(f"model.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
 
 
 def encode_chat(tokenizer, prompt: str, chat_format: str) -> list[int]:

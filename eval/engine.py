@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 import snapkv
 
-from .hydra_app import clear_failure, make_compressor, resolve_device, save_run_metadata, shared_group
+from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, is_oom
 from .settings import claim, fingerprint
 
@@ -117,7 +117,6 @@ def run(task: PredictionTask, cfg):
     for one in runs:
         one.out.mkdir(parents=True, exist_ok=True)
         claim(one.out, fingerprint(one.cfg, task.settings(one.cfg)), cfg.resume, task.result_names)
-        clear_failure(one.out)
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
         work = [item for item in items if any(item.key in one.pending for one in runs)]

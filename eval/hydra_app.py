@@ -1,6 +1,8 @@
 """What every Hydra task shares: run metadata, compressor building, failure handling."""
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 import json
 import os
 import platform
@@ -23,6 +25,10 @@ from .jsonl import append_record, write_json_atomic
 from .runlock import run_lock
 
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
+# A job's failure record from its start: a job killed before it can say why (SIGKILL after the
+# scheduler's grace period, the OOM killer, a node failure) still leaves one.
+UNFINISHED = ("did not finish: killed (scancel or preemption past the grace period, a time limit, the host's OOM "
+              "killer, a node failure) or still running")
 
 
 def compressor_fields(node, keep_unset: bool = False) -> dict:
@@ -40,7 +46,7 @@ def typed_text(value, field: str) -> str:
         return value
     if value is None or OmegaConf.is_config(value) or isinstance(value, (list, dict, tuple)):
         kind = "nothing" if value is None else "a list or mapping"
-        raise ValueError(f"{field} must be text (got {kind}); quote it if needed: {field}='...'")
+        raise InputError(f"{field} must be text (got {kind}); quote it if needed: {field}='...'")
     raw = _raw_override(field)
     if raw is not None:
         return raw
@@ -87,7 +93,7 @@ def shared_group(cfg) -> list[dict] | None:
         return None
     path = Path(str(group))
     if not path.is_file():
-        raise ValueError(f"shared_prefill.group={group}: no such file (hydra/sweeper=shared_prefill writes it)")
+        raise InputError(f"shared_prefill.group={group}: no such file (hydra/sweeper=shared_prefill writes it)")
     return json.loads(path.read_text(encoding="utf-8"))["settings"]
 
 
@@ -137,10 +143,12 @@ def _multirun() -> bool:
 
 def run_guarded(task, cfg: DictConfig):
     """Run ``task(cfg)`` holding the lock of every folder the job writes (a shared-prefill group
-    writes one per setting). Bad input: one line on stderr and exit 2. In a sweep a failing job is
+    writes one per setting). Bad input (``InputError``, the project's own checks): one line on
+    stderr and exit 2; any other exception keeps its traceback and exit status. In a sweep a failing job is
     recorded (``failed.json`` in each of its folders) and reported at the end, and the other jobs go
-    on; a job the scheduler cancels (SIGTERM) records that too. A finished job leaves no failure
-    record, so only current failures are listed. The model and the CUDA cache are freed after each
+    on; a job the scheduler cancels (SIGTERM) records that too, and a job killed outright keeps the
+    record every job writes when it starts (``UNFINISHED``). A finished job leaves no failure record,
+    so only current failures are listed. The model and the CUDA cache are freed after each
     job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
     outs: list[Path] = []
     try:
@@ -148,11 +156,13 @@ def run_guarded(task, cfg: DictConfig):
         with _on_sigterm(outs), ExitStack() as locks:
             for out in sorted(set(outs)):
                 locks.enter_context(run_lock(out, cfg.get("lock_wait_s", 0)))
+            for out in outs:  # replaced by the real reason on a failure, removed when the job finishes
+                _write_failure(out, UNFINISHED, None)
             result = task(cfg)
         for out in outs:
             clear_failure(out)
         return result
-    except (ValueError, FileNotFoundError) as exc:
+    except InputError as exc:
         if _multirun():
             _record_failure(outs, exc)
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from snapkv.config import InputError
 
 
 def read_records(path: Path, repair: bool = False) -> list[dict]:
@@ -29,7 +30,7 @@ def read_records(path: Path, repair: bool = False) -> list[dict]:
                     f.write(b"\n")
         except ValueError:
             if not repair:
-                raise ValueError(f"{path}:{len(complete) + 1}: the last line is incomplete (a run cut off while "
+                raise InputError(f"{path}:{len(complete) + 1}: the last line is incomplete (a run cut off while "
                                  "writing?); rerun the task to redo it, or delete the line") from None
             with path.open("r+b") as f:
                 f.truncate(len(raw) - len(tail))
@@ -40,9 +41,9 @@ def _parse(path: Path, number: int, line: bytes) -> dict:
     try:
         record = json.loads(line)
     except ValueError as exc:
-        raise ValueError(f"{path}:{number}: malformed result line ({exc}); fix or delete it") from None
+        raise InputError(f"{path}:{number}: malformed result line ({exc}); fix or delete it") from None
     if not isinstance(record, dict):
-        raise ValueError(f"{path}:{number}: a result line must be a JSON object")
+        raise InputError(f"{path}:{number}: a result line must be a JSON object")
     return record
 
 
@@ -83,4 +84,4 @@ def input_lines(path: Path):
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+                raise InputError(f"{where}: not valid JSON ({exc.msg})") from None

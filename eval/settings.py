@@ -9,6 +9,8 @@ progress bars) are left out, so a run can be extended or moved to another machin
 """
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 import json
 import shutil
 import time
@@ -88,7 +90,7 @@ def move_aside(out: Path) -> Path:
 def claim(out: Path, settings: dict, resume: str, result_names) -> None:
     """Make ``out`` a folder of ``settings``' results, or stop with one line saying why not."""
     if resume not in RESUME_MODES:
-        raise ValueError(f"resume={resume!r} is not allowed; choose one of {', '.join(RESUME_MODES)}")
+        raise InputError(f"resume={resume!r} is not allowed; choose one of {', '.join(RESUME_MODES)}")
     settings = json.loads(json.dumps(settings))  # compare as it reads back (tuples become lists)
     path = out / SETTINGS_FILE
     old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
@@ -98,12 +100,12 @@ def claim(out: Path, settings: dict, resume: str, result_names) -> None:
         print(f"resume=restart: the previous results of {out} are now in {moved}")
         old = None
     elif old is None and occupied:
-        raise ValueError(f"output_dir={out} holds results without {SETTINGS_FILE} (an older version made them), "
+        raise InputError(f"output_dir={out} holds results without {SETTINGS_FILE} (an older version made them), "
                          "so they cannot be checked against these settings; pass resume=restart (moves them to "
                          "a dated folder beside it) or another output_dir")
     elif old is not None and old != settings:
         changes = "; ".join(changed_fields(old, settings))
-        raise ValueError(f"output_dir={out} holds results made with other settings ({changes}); pass "
+        raise InputError(f"output_dir={out} holds results made with other settings ({changes}); pass "
                          "resume=restart (moves them to a dated folder beside it) or another output_dir")
     if old is None:
         write_json_atomic(path, settings)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import OmegaConf
+from snapkv.config import InputError
 
 GROUP_FOLDER = ".shared_prefill"
 _DEFAULT_OUTPUT_DIR = "${hydra:runtime.output_dir}"
@@ -70,7 +71,7 @@ def group_jobs(jobs: list[list[str]], compose: Callable[[list], Any]) -> list[li
         if same is None:
             folders[member.output_dir] = member
         elif same.compressor != member.compressor:
-            raise ValueError(f"two settings write {member.output_dir}: {' '.join(same.overrides)} and "
+            raise InputError(f"two settings write {member.output_dir}: {' '.join(same.overrides)} and "
                              f"{' '.join(member.overrides)}; give them different compressor.tag values")
     return [list(folders.values()) for folders in groups.values()]
 

@@ -1,5 +1,5 @@
 """snapkv: KV-cache prompt compression (SnapKV and baselines) for Hugging Face transformers."""
-from .config import CompressorConfig, build_config, METHODS, POOLINGS, GQA_MODES
+from .config import CompressorConfig, InputError, build_config, METHODS, POOLINGS, GQA_MODES
 from .methods import (FullConfig, H2OConfig, PyramidKVConfig, RandomConfig, SnapKVConfig,
                       StreamingLLMConfig)
 from .patch import CompressionSession, compress
@@ -7,7 +7,7 @@ from .select import select_positions
 from .chunking import chunked_mlp
 
 __all__ = [
-    "CompressorConfig", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "FullConfig", "H2OConfig",
+    "CompressorConfig", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "FullConfig", "H2OConfig",
     "PyramidKVConfig", "RandomConfig", "SnapKVConfig", "StreamingLLMConfig", "CompressionSession",
     "compress", "select_positions", "chunked_mlp",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from .config import InputError
 
 TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
@@ -12,7 +13,7 @@ def decoder_layers(model) -> list:
     base = getattr(model, "base_model", model)
     layers = getattr(base, "layers", None)
     if layers is None:
-        raise ValueError(f"model_type={model.config.model_type!r} is not supported: no decoder layers found; "
+        raise InputError(f"model_type={model.config.model_type!r} is not supported: no decoder layers found; "
                          f"supported: {', '.join(TESTED)}")
     return list(layers)
 
@@ -26,7 +27,7 @@ def check_supported(model) -> None:
         attn = getattr(layer, "self_attn", None)
         needed = ("q_proj", "k_proj", "v_proj", "head_dim", "layer_idx", "num_key_value_groups")
         if attn is None or not all(hasattr(attn, n) for n in needed) or rope_function(attn) is None:
-            raise ValueError(f"model_type={model_type!r} is not supported (its attention module differs from "
+            raise InputError(f"model_type={model_type!r} is not supported (its attention module differs from "
                              f"the Llama family's); supported: {supported}")
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
@@ -34,7 +35,7 @@ def check_supported(model) -> None:
     else:
         sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
     if sliding:
-        raise ValueError(f"model_type={model_type!r} with sliding_window={config.sliding_window} is not supported: "
+        raise InputError(f"model_type={model_type!r} with sliding_window={config.sliding_window} is not supported: "
                          "set config.sliding_window=None (Mistral v0.2+ has none)")
 
 

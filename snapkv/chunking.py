@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from .architectures import decoder_layers
+from .config import InputError
 
 
 def _chunked(forward, chunk: int):
@@ -33,7 +34,7 @@ def _chunked(forward, chunk: int):
 @contextmanager
 def chunked_mlp(model, chunk: int):
     if chunk < 1:
-        raise ValueError(f"mlp_chunk={chunk} must be a positive number of tokens")
+        raise InputError(f"mlp_chunk={chunk} must be a positive number of tokens")
     patched = []
     for layer in decoder_layers(model):
         mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)

@@ -5,17 +5,22 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 POOLINGS = ("maxpool", "avgpool", "none")
+
+
+class InputError(ValueError):
+    """A setting or input the user can fix; the command-line apps print its message as one line and
+    exit 2 (any other exception keeps its traceback)."""
 GQA_MODES = ("mean", "max", "repeat")
 
 
 def check_choice(field: str, value, allowed) -> None:
     if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        raise InputError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
 
 
 def check_int(field: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}")
+        raise InputError(f"{field}={value!r} must be an integer >= {minimum}")
 
 
 @dataclass
@@ -41,7 +46,7 @@ class CompressorConfig:
         check_int("budget", self.budget, 2)
         check_int("window", self.window, 1)
         if self.budget <= self.window:
-            raise ValueError(f"budget={self.budget} must be larger than window={self.window}")
+            raise InputError(f"budget={self.budget} must be larger than window={self.window}")
         check_choice("gqa", self.gqa, GQA_MODES)
 
     @property
@@ -102,7 +107,7 @@ def build_config(method: str, **values) -> CompressorConfig:
     shared = {"budget", "window", "kernel", "pooling", "gqa"}
     unknown = set(values) - known - shared
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"compressor.{sorted(unknown)[0]} is not a field of {method}; allowed: {', '.join(sorted(known))}"
         )
     return cls(**{k: v for k, v in values.items() if k in known})

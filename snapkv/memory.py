@@ -16,6 +16,7 @@ measures above a model that has run one token, so those are outside its numbers 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from .config import InputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
@@ -45,7 +46,7 @@ class Shape:
     def of(cls, config) -> "Shape":
         model_type = _get(config, "model_type")
         if model_type is not None and model_type not in PLANNED:
-            raise ValueError(f"model_type={model_type!r}: the memory planner knows {', '.join(PLANNED)}; "
+            raise InputError(f"model_type={model_type!r}: the memory planner knows {', '.join(PLANNED)}; "
                              "a plan for another architecture would be a wrong number")
         hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
         experts = int(_get(config, "num_local_experts", None) or _get(config, "num_experts", None) or 1)
@@ -115,7 +116,7 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
          attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0) -> dict:
     """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks)."""
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
+        raise InputError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
@@ -160,3 +161,30 @@ def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_1
         else:
             hi = mid - 1
     return lo
+
+
+def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: str = "bfloat16",
+                attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0) -> dict:
+    """A shared prefill of several settings (``snapkv.compress(model, [a, b, ...])``): every kept cache
+    plus the largest transient. While the last layer runs, each setting holds its earlier layers as it
+    keeps them and that layer's full KV is held once; the settings score one after another, so the
+    transient is the largest one setting has. Decoding starts with every setting's cache alive (each is
+    freed once it has decoded)."""
+    if not compressors:
+        raise InputError("compressors=[]: plan at least one setting")
+    kw = dict(batch=batch, dtype=dtype, attn_implementation=attn_implementation, mlp_chunk=mlp_chunk,
+              decode_tokens=decode_tokens)
+    plans = [plan(config, length, c if c is not None and c.compresses else None, **kw) for c in compressors]
+    s, n = Shape.of(config), DTYPE_BYTES[dtype]
+    one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)
+    weights = plans[0]["weights_bytes"]
+    kept = sum(p["kv_cache_bytes"] for p in plans)
+    held = sum(p["prefill_kv_held_bytes"] - one_layer_full for p in plans) + one_layer_full
+    transient = max(p["prefill_transient_bytes"] for p in plans)
+    prefill_peak = weights + held + transient
+    decode_peak = max(p["decode_peak_bytes"] + kept - p["kv_cache_bytes"] for p in plans)
+    return {"weights_bytes": weights, "kv_cache_bytes": kept, "prefill_kv_held_bytes": held,
+            "prefill_transient_bytes": transient, "prefill_peak_bytes": prefill_peak,
+            "decode_peak_bytes": decode_peak, "peak_bytes": max(prefill_peak, decode_peak),
+            "peak_above_weights_bytes": max(prefill_peak, decode_peak) - weights,
+            "settings": len(compressors)}

@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .architectures import check_supported, decoder_layers, window_queries
-from .config import CompressorConfig
+from .config import CompressorConfig, InputError
 from .select import top_positions
 
 
@@ -106,7 +106,7 @@ def _check_cache(cache) -> None:
     ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
         type(layer) in (DynamicLayer, RepeatedKVLayer) for layer in cache.layers)
     if not ok:
-        raise ValueError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
+        raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
                          "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")
 
 
@@ -116,15 +116,15 @@ class CompressionSession:
     def __init__(self, model, cfg, compress_later_turns: bool = False):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
-            raise ValueError("cfg=[]: give at least one compressor config")
+            raise InputError("cfg=[]: give at least one compressor config")
         for one in cfgs:
             if not isinstance(one, CompressorConfig):
-                raise ValueError(f"cfg={type(one).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
+                raise InputError(f"cfg={type(one).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
         check_supported(model)
         limit = getattr(model.config, "max_position_embeddings", None)
         for one in cfgs:
             if one.compresses and limit and one.budget > limit:
-                raise ValueError(f"budget={one.budget} is larger than the model's context "
+                raise InputError(f"budget={one.budget} is larger than the model's context "
                                  f"(max_position_embeddings={limit})")
         self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
         self.compress_later_turns = compress_later_turns
@@ -165,13 +165,13 @@ class CompressionSession:
         def setting(name, default=None):
             return kwargs.get(name, getattr(config, name, default))
         if (setting("num_beams", 1) or 1) > 1:
-            raise ValueError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
+            raise InputError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
                              "positions do not follow; use greedy or sampling")
         if setting("prefill_chunk_size"):
-            raise ValueError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
+            raise InputError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
                              "prefill in one pass (snapkv.chunked_mlp bounds the memory of long prefills)")
         if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
-            raise ValueError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
+            raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
         return self._generate(*args, **kwargs)
 
     @property
@@ -211,7 +211,7 @@ class CompressionSession:
             return None
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
-            raise ValueError("attention_mask: a 4-D mask cannot follow a compressed cache; pass the 2-D padding mask")
+            raise InputError("attention_mask: a 4-D mask cannot follow a compressed cache; pass the 2-D padding mask")
         if kwargs.get("position_ids") is None:
             steps = torch.arange(q_len, device=state.next_positions.device)
             kwargs["position_ids"] = state.next_positions[:, None] + steps[None, :]
@@ -236,14 +236,14 @@ class CompressionSession:
         pad_mask = None
         if mask is not None:
             if mask.ndim != 2:
-                raise ValueError("attention_mask: pass the 2-D padding mask [batch, length], not a 4-D mask")
+                raise InputError("attention_mask: pass the 2-D padding mask [batch, length], not a 4-D mask")
             if not bool(mask.all()):
                 pad_mask = mask.bool()
                 n_layers = len(self.layers)
                 for cfg in self.cfgs:
                     if cfg.compresses and len({min(q_len, cfg.layer_budget(i, n_layers, q_len))
                                                for i in range(n_layers)}) > 1:
-                        raise ValueError(f"{cfg.method}: per-layer budgets need a batch without padding "
+                        raise InputError(f"{cfg.method}: per-layer budgets need a batch without padding "
                                          "(attention_mask has zeros); run batch size 1")
         positions = kwargs.get("position_ids")
         if positions is not None:
@@ -330,7 +330,7 @@ class CompressionSession:
         window = cfg.recent_window(idx, ctx.num_layers)
         pad_mask = state.pad_mask
         if ctx.hidden_states.shape[1] < window:
-            raise ValueError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
+            raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
                              f"window={window}; it cannot be compressed (compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             scores = cfg.score(ctx)
@@ -365,7 +365,7 @@ class CompressionSession:
             return
         mask = pad_mask.gather(1, kept[:, 0])
         if state.pass_kept is not None and not torch.equal(state.pass_kept, mask):
-            raise ValueError(f"{state.cfg.method}: layers kept different padding; run batch size 1")
+            raise InputError(f"{state.cfg.method}: layers kept different padding; run batch size 1")
         state.pass_kept = state.kept_mask = mask
 
 

@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from .config import InputError
 
 # Bytes of window x L float32 attention one chunk of heads may hold at once.
 _CHUNK_BYTES = 256 * 2**20
@@ -99,7 +100,7 @@ def top_positions(scores: torch.Tensor, k: int, pad_mask: torch.Tensor | None = 
     n = scores.shape[-1]
     pads = (~pad_mask).sum(dim=1)
     if not torch.equal(pad_mask, torch.arange(pad_mask.shape[1], device=pad_mask.device)[None, :] >= pads[:, None]):
-        raise ValueError("attention_mask: only left padding is supported (zeros before the tokens of each row)")
+        raise InputError("attention_mask: only left padding is supported (zeros before the tokens of each row)")
     rows = []
     for row, p in enumerate(pads.tolist()):
         real = n - p
@@ -124,7 +125,7 @@ def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,
     """Kept earlier positions ``[b, heads, budget - window]`` (DESIGN.md 3.1), sorted ascending."""
     length = keys.shape[-2]
     if length < cfg.budget:
-        raise ValueError(f"budget={cfg.budget} is larger than the sequence length {length}")
+        raise InputError(f"budget={cfg.budget} is larger than the sequence length {length}")
     if queries.shape[-2] < cfg.window:
-        raise ValueError(f"queries hold {queries.shape[-2]} rows, fewer than window={cfg.window}")
+        raise InputError(f"queries hold {queries.shape[-2]} rows, fewer than window={cfg.window}")
     return top_positions(snapkv_scores(queries, keys, cfg, pad_mask), cfg.budget - cfg.window, pad_mask)

@@ -209,3 +209,40 @@ def test_planner_terms_per_method_and_architecture():
     assert 46 < plan(mixtral, 1, None)["weights_bytes"] / 2 / 1e9 < 47.5   # Mixtral-8x7B: 46.7B
     with _pytest.raises(ValueError, match="model_type='gpt2': the memory planner knows"):
         plan(dict(base, model_type="gpt2"), 100, None)
+
+
+def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
+    from snapkv.memory import plan_shared
+    from eval.runner import model_architecture
+    from conftest import compose as compose_cfg
+    arch = model_architecture(compose_cfg("bench", ["model=tiny-llama-32l"]).model)
+    snap, h2o = snapkv.SnapKVConfig(budget=1024), snapkv.H2OConfig(budget=1024)
+    one = plan(arch, 8192, snap, dtype="float32")
+    alone = plan_shared(arch, 8192, [snap], dtype="float32")
+    assert alone["peak_bytes"] == one["peak_bytes"] and alone["kv_cache_bytes"] == one["kv_cache_bytes"]
+    both = plan_shared(arch, 8192, [snapkv.FullConfig(), snap, h2o], dtype="float32")
+    full = plan(arch, 8192, None, dtype="float32")
+    assert both["kv_cache_bytes"] == full["kv_cache_bytes"] + 2 * one["kv_cache_bytes"]
+    assert both["prefill_transient_bytes"] == plan(arch, 8192, h2o, dtype="float32")["prefill_transient_bytes"]
+    assert both["peak_bytes"] > full["peak_bytes"]
+    # the full KV of the layer being compressed is held once, not once per setting
+    assert both["prefill_kv_held_bytes"] < full["prefill_kv_held_bytes"] + 2 * one["prefill_kv_held_bytes"]
+
+
+def test_sweep_mode_times_solo_against_shared_and_checks_the_tokens(tmp_path):
+    from eval.bench.__main__ import run
+    cfg = compose("bench", ["model=tiny-llama", "bench.sweep.enabled=true", "bench.sweep.budget_scale=0.0625",
+                            "bench.sweep.rows=1", "bench.sweep.max_new_tokens=4", f"output_dir={tmp_path}"])
+    result = run(cfg)
+    assert result["settings"] == ["FullKV", "SnapKV 64", "SnapKV 128", "SnapKV 256", "H2O 256"]
+    assert result["exact"] and all(r["tokens_equal"] for r in result["rows"])
+    assert result["solo_s"] > 0 and result["shared_s"] > 0 and result["ideal_s"] > 0
+    assert json.loads((tmp_path / "sweep.json").read_text())["speedup"] == result["speedup"]
+    assert "shared prefill, exact" in (tmp_path / "sweep.md").read_text()
+
+
+def test_sweep_mode_bad_settings_name_the_field(tmp_path):
+    from eval.bench.__main__ import run
+    with pytest.raises(ValueError, match="bench.sweep.settings='table2'"):
+        run(compose("bench", ["model=tiny-llama", "bench.sweep.enabled=true", "bench.sweep.settings=table2",
+                              f"output_dir={tmp_path}"]))

@@ -82,3 +82,23 @@ def test_multirun_sweep_reports_failures_and_goes_on(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "1 job(s) failed" in proc.stderr and "compressor.kernel=4" in proc.stderr
     assert list(tmp_path.rglob("bench.json")), "the other job still ran"
+
+
+def test_only_the_projects_input_errors_are_one_line_exits(tmp_path, capsys):
+    """An InputError prints one line and exits 2; any other ValueError (e.g. from inside torch) keeps
+    its traceback."""
+    import snapkv
+    from eval.hydra_app import run_guarded
+    cfg = compose("needle", ["model=tiny-llama", f"output_dir={tmp_path}"])
+
+    def bad_input(_):
+        raise snapkv.InputError("needle.depths=[150] must be percents 0-100")
+
+    def internal(_):
+        raise ValueError("Expected all tensors to be on the same device")
+    with pytest.raises(SystemExit) as exit_info:
+        run_guarded(bad_input, cfg)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: needle.depths=[150] must be percents 0-100"
+    with pytest.raises(ValueError, match="same device"):
+        run_guarded(internal, cfg)

@@ -85,6 +85,24 @@ def test_sigterm_leaves_a_failure_record_and_a_finished_run_clears_it(tmp_path):
     assert len(cells.read_text().splitlines()) == 24
 
 
+def test_a_job_killed_outright_still_leaves_a_failure_record(tmp_path):
+    """SIGKILL (a scheduler's kill after its grace period, the OOM killer) runs no handler: the record
+    every job writes when it starts stays."""
+    from eval.hydra_app import UNFINISHED
+    slow = subprocess.Popen([sys.executable, "-m", "eval.needle", "-m", "model=tiny-llama", "compressor=full",
+                             "needle.lengths=[300,400,500,600,700,800,900,1000]", "needle.depths=[0,50,100]",
+                             "needle.max_new_tokens=1", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cells = tmp_path / "tiny-llama" / "full" / "needle.jsonl"
+    for _ in range(600):
+        if cells.exists() and cells.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.1)
+    slow.kill()
+    slow.wait(timeout=60)
+    assert json.loads((cells.parent / "failed.json").read_text())["error"] == UNFINISHED
+
+
 def test_the_model_of_a_job_is_freed_when_it_ends(tmp_path, monkeypatch):
     import eval.runner
     from eval.hydra_app import run_guarded

@@ -158,3 +158,35 @@ def test_missing_group_file_is_one_clear_error(tmp_path):
                              f"output_dir={tmp_path}/run"])
     with pytest.raises(ValueError, match="shared_prefill.group=.*no such file"):
         task_run("needle")(cfg)
+
+
+def test_the_sweeper_runs_a_multirun_as_one_job_per_group(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "hydra/sweeper=shared_prefill", "model=tiny-llama",
+                           "compressor=full,snapkv", "compressor.budget=64,128", "compressor.window=8",
+                           "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2",
+                           f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 jobs -> 1 job(s)" in proc.stdout
+    folders = sorted(p.parent.name for p in tmp_path.glob("tiny-llama/*/needle.jsonl"))
+    assert folders == ["full", "snapkv-b128-w8-k7-maxpool-mean", "snapkv-b64-w8-k7-maxpool-mean"]
+    assert len(list(tmp_path.glob(".shared_prefill/group-*.json"))) == 1
+
+
+@pytest.mark.parametrize("preset", ["paper_table1", "paper_hyperparams", "paper_needle", "paper_pooling"])
+def test_paper_presets_share_the_prefill(preset):
+    task = {"paper_needle": "needle", "paper_pooling": "lines"}.get(preset, "longbench")
+    cfg = compose(task, [f"experiment={preset}"], hydra_node=True)
+    assert cfg.hydra.sweeper._target_.endswith("SharedPrefillSweeper")
+
+
+def test_table1_preset_is_one_group_of_its_five_settings(tmp_path):
+    cfg = compose("longbench", ["experiment=paper_table1"], hydra_node=True)
+    settings = str(cfg.hydra.sweeper.params["+table1"]).split(",")
+    jobs = [["experiment=paper_table1", "model=mistral-7b-instruct-v0.2", f"+table1={s}"] for s in settings]
+    groups = group_jobs(jobs, lambda o: compose("longbench", [f"hydra.sweep.dir={tmp_path}", *o], hydra_node=True))
+    assert len(groups) == 1
+    assert [(m.compressor["method"], m.compressor["budget"]) for m in groups[0]] == \
+        [("full", None), ("snapkv", 1024), ("snapkv", 2048), ("snapkv", 4096), ("h2o", 4096)]
+    assert all(m.compressor["gqa"] == "repeat" for m in groups[0])

@@ -1,6 +1,8 @@
 """python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 import json
 
 import hydra
@@ -10,7 +12,7 @@ from tqdm import tqdm
 import snapkv
 from snapkv.memory import longest_fitting, plan
 
-from ..hydra_app import CONFIG_PATH, clear_failure, compressor_fields, output_dir, resolve_device, run_guarded
+from ..hydra_app import CONFIG_PATH, compressor_fields, output_dir, resolve_device, run_guarded
 from ..jsonl import append_record, read_records, write_json_atomic
 from ..settings import claim, fingerprint
 from ..runner import model_architecture
@@ -22,7 +24,7 @@ def specs_of(cfg) -> list[dict]:
     methods = list(dict.fromkeys(["full", *b.methods]))
     for m in methods:
         if m not in snapkv.METHODS:
-            raise ValueError(f"bench.methods: {m!r} is not a method; allowed: {', '.join(sorted(snapkv.METHODS))}")
+            raise InputError(f"bench.methods: {m!r} is not a method; allowed: {', '.join(sorted(snapkv.METHODS))}")
     node = compressor_fields(cfg.compressor)
     specs = []
     for batch in b.batch_sizes:
@@ -87,12 +89,48 @@ def _compressor_for_plan(cfg):
     return comp
 
 
+def run_sweep(cfg: DictConfig) -> dict:
+    """``bench.sweep.enabled``: solo runs of each setting against one shared prefill (``eval.bench.sweep``)."""
+    import torch
+
+    from ..hydra_app import make_compressor, save_run_metadata
+    from ..longbench.data import check_dataset, dataset_file, read_dataset
+    from ..longbench.prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
+    from ..chat import stop_token_ids
+    from ..runner import Runner, load_model, load_tokenizer
+    from .sweep import markdown as sweep_markdown, measure_sweep, scaled, settings_of
+    sw = cfg.bench.sweep
+    spec = sw.settings if isinstance(sw.settings, str) else OmegaConf.to_container(sw.settings, resolve=True)
+    settings = scaled(settings_of(spec), float(sw.budget_scale))
+    dataset = check_dataset(sw.dataset)
+    rows = read_dataset(dataset_file(dataset, sw.data_dir, "main"))[: int(sw.rows)]
+    out = output_dir(cfg)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.sweep": OmegaConf.to_container(sw)})
+    tokenizer = load_tokenizer(cfg.model)
+    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    stops = stop_token_ids(model, tokenizer) + extra_stop_ids(tokenizer, dataset)
+    n_new = generation_length(dataset, sw.max_new_tokens)
+    prompts = [(torch.tensor([build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length),
+                                              cfg.model.chat_format)]), n_new, stops,
+                min_new_tokens(dataset, cfg.model.protocol)) for row in rows]
+    result = measure_sweep(runner, prompts, settings)
+    result.update(model=cfg.model.name, device=str(runner.device), dataset=dataset)
+    write_json_atomic(out / "sweep.json", result)
+    title = f"Shared prefill: {cfg.model.name} on {runner.device}, {dataset}"
+    (out / "sweep.md").write_text(sweep_markdown(result, title), encoding="utf-8")
+    print((out / "sweep.md").read_text())
+    return result
+
+
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
+        return run_sweep(cfg)
     if cfg.bench.frontier_start not in ("planner", "min"):
-        raise ValueError(f"bench.frontier_start={cfg.bench.frontier_start!r} is not allowed; choose planner or min")
+        raise InputError(f"bench.frontier_start={cfg.bench.frontier_start!r} is not allowed; choose planner or min")
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
-        raise ValueError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
+        raise InputError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     out = output_dir(cfg)
     device = resolve_device(cfg)
     if cfg.bench.measure:
@@ -104,7 +142,6 @@ def run(cfg: DictConfig):
                                      "bench.fresh_process": cfg.bench.fresh_process, **frontier},
                                compressor_skip=("tag", "budget", "method")), cfg.resume,
               ["frontier.jsonl", "frontier_probes.jsonl"] if cfg.bench.frontier else ["bench.jsonl"])
-    clear_failure(out)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor))
     if cfg.bench.plan:
         write_json_atomic(out / "plan.json", print_plan(cfg))

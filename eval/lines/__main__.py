@@ -15,6 +15,7 @@ from ..jsonl import read_records
 from ..needle.grid import depths_from, lengths_from, numbers
 from ..needle.heatmap import save_heatmap
 from .generate import LinesPrompts, exact_value
+from snapkv.config import InputError
 
 
 def task_settings(lc, chat_format: str) -> dict:
@@ -36,7 +37,7 @@ class LinesGrid(GridTask):
         numbers([lc.seed, lc.pool, lc.max_new_tokens], "lines.seed/pool/max_new_tokens")
         self.chat_format = lc.get("chat_format") or cfg.model.chat_format
         if self.chat_format not in CHAT_FORMATS:
-            raise ValueError(f"lines.chat_format={self.chat_format!r} is not allowed; "
+            raise InputError(f"lines.chat_format={self.chat_format!r} is not allowed; "
                              f"choose one of {', '.join(CHAT_FORMATS)}")
 
     def settings(self, cfg) -> dict:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..chat import encode_chat
+from snapkv.config import InputError
 
 ADJECTIVES = (
     "makeshift ancient brave calm crooked dizzy eager fancy gentle hollow icy jolly keen lively mellow noisy "
@@ -43,7 +44,7 @@ def make_lines(count: int, seed: int) -> list[Line]:
     """``count`` lines with distinct keys and values drawn from ``random.Random(seed)``."""
     pairs = [(a, n) for a in ADJECTIVES for n in NOUNS]
     if count > len(pairs):
-        raise ValueError(f"lines: {count} lines asked, the generator has {len(pairs)} distinct keys")
+        raise InputError(f"lines: {count} lines asked, the generator has {len(pairs)} distinct keys")
     rng = random.Random(seed)
     keys = rng.sample(pairs, count)
     return [Line(f"{a}-{n}", rng.randint(1, 50000)) for a, n in keys]
@@ -76,10 +77,10 @@ class LinesPrompts:
         budget = length - self.frame
         count = max(i for i, total in enumerate(self.cumulative) if total <= budget) if budget > 0 else 0
         if count < 1:
-            raise ValueError(f"lines.lengths: {length} tokens hold no line (the prompt's fixed part is {self.frame} "
+            raise InputError(f"lines.lengths: {length} tokens hold no line (the prompt's fixed part is {self.frame} "
                              "tokens)")
         if count == len(self.lines):
-            raise ValueError(f"lines.lengths: {length} tokens need more than the {len(self.lines)} generated lines; "
+            raise InputError(f"lines.lengths: {length} tokens need more than the {len(self.lines)} generated lines; "
                              "raise lines.pool")
         return count
 

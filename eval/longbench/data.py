@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..jsonl import input_lines
 from ..runner import cache_root
+from snapkv.config import InputError
 
 PAPER_DATASETS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
                   "gov_report", "qmsum", "multi_news", "trec", "triviaqa", "samsum", "passage_count",
@@ -30,25 +31,25 @@ HUB_REPO, HUB_FILE = "THUDM/LongBench", "data.zip"
 
 def check_dataset(name: str) -> str:
     if name not in ALL_DATASETS:
-        raise ValueError(f"longbench.datasets: {name!r} is not a LongBench dataset; allowed: {', '.join(ALL_DATASETS)}")
+        raise InputError(f"longbench.datasets: {name!r} is not a LongBench dataset; allowed: {', '.join(ALL_DATASETS)}")
     return name
 
 
 def validate_row(row, where: str) -> dict:
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: a row must be a JSON object")
+        raise InputError(f"{where}: a row must be a JSON object")
     for name, kind in _FIELDS.items():
         if name not in row:
-            raise ValueError(f"{where}: missing field {name!r}")
+            raise InputError(f"{where}: missing field {name!r}")
         if not isinstance(row[name], kind) or (kind is int and isinstance(row[name], bool)):
-            raise ValueError(f"{where}: field {name!r} must be {kind.__name__}, got {type(row[name]).__name__}")
+            raise InputError(f"{where}: field {name!r} must be {kind.__name__}, got {type(row[name]).__name__}")
     if not all(isinstance(a, str) for a in row["answers"]):
-        raise ValueError(f"{where}: field 'answers' must be a list of strings")
+        raise InputError(f"{where}: field 'answers' must be a list of strings")
     classes = row.get("all_classes", "missing")
     if classes == "missing":
-        raise ValueError(f"{where}: missing field 'all_classes' (null where the dataset has none)")
+        raise InputError(f"{where}: missing field 'all_classes' (null where the dataset has none)")
     if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
-        raise ValueError(f"{where}: field 'all_classes' must be null or a list of strings")
+        raise InputError(f"{where}: field 'all_classes' must be null or a list of strings")
     return row
 
 
@@ -57,11 +58,11 @@ def read_dataset(path: Path) -> list[dict]:
     for where, row in input_lines(path):
         row = validate_row(row, where)
         if row["_id"] in seen:
-            raise ValueError(f"{where}: duplicate _id {row['_id']!r} (first on line {seen[row['_id']]})")
+            raise InputError(f"{where}: duplicate _id {row['_id']!r} (first on line {seen[row['_id']]})")
         seen[row["_id"]] = where.rsplit(":", 1)[1]
         rows.append(row)
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise InputError(f"{path}: no rows")
     return rows
 
 
@@ -115,10 +116,10 @@ def _hub_data_dir(revision: str) -> Path:
         archive = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=revision)
     except Exception as exc:
         if _is_offline(exc):
-            raise ValueError(f"no LongBench data: offline or the hub is unreachable ({type(exc).__name__}); download "
+            raise InputError(f"no LongBench data: offline or the hub is unreachable ({type(exc).__name__}); download "
                              f"data.zip of https://huggingface.co/datasets/{HUB_REPO} (revision {revision}), unpack "
                              "it and pass longbench.data_dir=DIR") from None
-        raise ValueError(f"longbench.revision={revision!r}: the hub refused {HUB_REPO}/{HUB_FILE} "
+        raise InputError(f"longbench.revision={revision!r}: the hub refused {HUB_REPO}/{HUB_FILE} "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     _unpack(archive, target)
     return target / "data"
@@ -131,10 +132,10 @@ def dataset_file(name: str, data_dir: str | None, revision: str = "main") -> Pat
         for candidate in (folder / f"{name}.jsonl", folder / "data" / f"{name}.jsonl"):
             if candidate.exists():
                 return candidate
-        raise ValueError(f"longbench.data_dir={data_dir}: no {name}.jsonl there (expected the unpacked "
+        raise InputError(f"longbench.data_dir={data_dir}: no {name}.jsonl there (expected the unpacked "
                          f"official data.zip of {HUB_REPO}, one <dataset>.jsonl a dataset)")
     folder = _hub_data_dir(revision)
     path = folder / f"{name}.jsonl"
     if not path.exists():
-        raise ValueError(f"{folder}: the unpacked {HUB_FILE} has no {name}.jsonl")
+        raise InputError(f"{folder}: the unpacked {HUB_FILE} has no {name}.jsonl")
     return path

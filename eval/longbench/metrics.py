@@ -13,6 +13,7 @@ from collections import Counter
 import jieba
 import numpy as np
 from rouge import Rouge
+from snapkv.config import InputError
 
 jieba.setLogLevel(60)
 
@@ -131,7 +132,7 @@ def base_dataset(dataset: str) -> str:
     """``qasper_e`` (LongBench-E) is scored with ``qasper``'s metric."""
     name = dataset[:-2] if dataset.endswith("_e") else dataset
     if name not in DATASET_METRIC:
-        raise ValueError(f"dataset={dataset!r} is not a LongBench dataset; allowed: {', '.join(DATASET_METRIC)}")
+        raise InputError(f"dataset={dataset!r} is not a LongBench dataset; allowed: {', '.join(DATASET_METRIC)}")
     return name
 
 
@@ -155,7 +156,7 @@ def dataset_score(dataset: str, rows) -> float:
     """Official dataset score: ``round(100 * mean, 2)`` over the rows."""
     rows = list(rows)
     if not rows:
-        raise ValueError(f"dataset={dataset!r}: no rows to score")
+        raise InputError(f"dataset={dataset!r}: no rows to score")
     scores = _row_scores(dataset, rows)
     return round(100 * sum(scores) / len(scores), 2)
 

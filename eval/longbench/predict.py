@@ -10,6 +10,7 @@ from ..engine import PredictionTask, Prompt, SettingRun
 from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
 from .data import check_dataset, data_source, dataset_file, file_digest, read_dataset
 from .prompt import PROTOCOLS, build_input_ids, check_protocol, extra_stop_ids, generation_length, min_new_tokens
+from snapkv.config import InputError
 
 
 def pred_path(run_dir: Path, dataset: str) -> Path:
@@ -38,9 +39,9 @@ def check_task(lb) -> None:
     for name in ("limit", "max_new_tokens"):
         value = lb.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"longbench.{name}={value!r} must be a positive integer (or null)")
+            raise InputError(f"longbench.{name}={value!r} must be a positive integer (or null)")
     if not lb.get("revision"):
-        raise ValueError("longbench.revision must name a revision of the hub dataset (a commit, tag or branch)")
+        raise InputError("longbench.revision must name a revision of the hub dataset (a commit, tag or branch)")
 
 
 def task_settings(cfg) -> dict:
@@ -57,7 +58,7 @@ def record_datasets(out: Path, files: dict) -> dict:
     for dataset, info in files.items():
         old = known.get(dataset)
         if old and old["sha256"] != info["sha256"] and pred_path(out, dataset).exists():
-            raise ValueError(f"longbench.datasets: {dataset} data changed under existing predictions in {out} "
+            raise InputError(f"longbench.datasets: {dataset} data changed under existing predictions in {out} "
                              f"(sha256 {old['sha256']} -> {info['sha256']}); pass resume=restart or another output_dir")
         known[dataset] = info
     write_json_atomic(path, known)

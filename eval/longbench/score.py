@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..jsonl import read_records, write_json_atomic
 from .metrics import base_dataset, dataset_score, dataset_score_e
+from snapkv.config import InputError
 
 
 def score_pred_dir(pred_dir: Path, longbench_e: bool = False) -> tuple[dict, dict]:
@@ -25,7 +26,7 @@ def score_pred_dir(pred_dir: Path, longbench_e: bool = False) -> tuple[dict, dic
         for number, row in enumerate(rows, start=1):
             for field in ("pred", "answers", "length"):
                 if field not in row:
-                    raise ValueError(f"{path}: record {number} has no field {field!r}")
+                    raise InputError(f"{path}: record {number} has no field {field!r}")
         scored = [r for r in rows if not r.get("oom")]
         summary[dataset] = {"rows": len(rows), "scored": len(scored), "oom": len(rows) - len(scored)}
         if not scored:
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     target = Path(args[0])
     try:
         if not target.is_dir():
-            raise ValueError(f"{target}: not a folder")
+            raise InputError(f"{target}: not a folder")
         if (target / "pred").is_dir() or (target / "pred_e").is_dir():
             scores, summary = score_run(target)
         else:

@@ -1,6 +1,8 @@
 """Needle prompts: a haystack cut to length, needles at sentence boundaries, the question after."""
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 from dataclasses import dataclass
 
 from ..chat import encode_chat
@@ -55,7 +57,7 @@ def insert_needles(tokenizer, haystack: list[int], needles: list[Needle], depths
 
 def check_prompt(name: str) -> str:
     if name not in PROMPTS:
-        raise ValueError(f"needle.prompt={name!r} is not allowed; choose one of {', '.join(PROMPTS)}")
+        raise InputError(f"needle.prompt={name!r} is not allowed; choose one of {', '.join(PROMPTS)}")
     return name
 
 

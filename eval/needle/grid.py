@@ -7,6 +7,8 @@ The paper's LWM-Text-Chat-1M figure has 45 "Token Limit" columns: 20 points of
 """
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 import numpy as np
 
 GRIDS = ("linear", "paper")
@@ -24,7 +26,7 @@ def paper_depths() -> list[float]:
 
 def linear(start: int, stop: int, points: int) -> list[int]:
     if points < 1 or start < 1 or stop < start:
-        raise ValueError(f"needle grid: need 1 <= min_length <= max_length and num_lengths >= 1 "
+        raise InputError(f"needle grid: need 1 <= min_length <= max_length and num_lengths >= 1 "
                          f"(got {start}, {stop}, {points})")
     return [int(n) for n in np.round(np.linspace(start, stop, points))]
 
@@ -41,7 +43,7 @@ def numbers(value, field: str, kind=int) -> list:
             if kind is int and float(v) != number:
                 raise ValueError
         except (TypeError, ValueError):
-            raise ValueError(f"{field}: {v!r} is not a{'n integer' if kind is int else ' number'}") from None
+            raise InputError(f"{field}: {v!r} is not a{'n integer' if kind is int else ' number'}") from None
         out.append(number)
     return out
 
@@ -54,9 +56,9 @@ def lengths_from(cfg) -> list[int]:
     elif cfg.grid == "linear":
         lengths = linear(*numbers([cfg.min_length, cfg.max_length, cfg.num_lengths], "needle.min/max/num_lengths"))
     else:
-        raise ValueError(f"needle.grid={cfg.grid!r} is not allowed; choose {' or '.join(GRIDS)} (or set needle.lengths)")
+        raise InputError(f"needle.grid={cfg.grid!r} is not allowed; choose {' or '.join(GRIDS)} (or set needle.lengths)")
     if not lengths or any(n < 1 for n in lengths):
-        raise ValueError(f"needle.lengths={lengths}: give positive token counts")
+        raise InputError(f"needle.lengths={lengths}: give positive token counts")
     return sorted(set(lengths))
 
 
@@ -68,9 +70,9 @@ def depths_from(cfg) -> list[float]:
     else:
         n = numbers(cfg.num_depths if cfg.get("num_depths") is not None else 5, "needle.num_depths")[0]
         if n < 1:
-            raise ValueError(f"needle.num_depths={n} must be >= 1")
+            raise InputError(f"needle.num_depths={n} must be >= 1")
         depths = [float(d) for d in np.linspace(0, 100, n)] if n > 1 else [0.0]
     bad = [d for d in depths if not 0 <= d <= 100]
     if bad or not depths:
-        raise ValueError(f"needle.depths={bad or depths}: depths are percents in [0, 100]")
+        raise InputError(f"needle.depths={bad or depths}: depths are percents in [0, 100]")
     return sorted(set(depths))

@@ -1,6 +1,8 @@
 """Haystacks: neutral noise written here, any folder of .txt files, or LongBench contexts."""
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 from pathlib import Path
 
 NOISE_SENTENCES = (
@@ -28,7 +30,7 @@ def noise_text(min_chars: int) -> str:
 def folder_text(folder: Path) -> str:
     files = sorted(Path(folder).glob("*.txt"))
     if not files:
-        raise ValueError(f"needle.haystack={folder}: no .txt files there (use 'noise' or a folder of .txt files)")
+        raise InputError(f"needle.haystack={folder}: no .txt files there (use 'noise' or a folder of .txt files)")
     return "\n\n".join(f.read_text(encoding="utf-8", errors="replace").strip() for f in files)
 
 
@@ -48,11 +50,11 @@ def haystack_tokens(tokenizer, source: str, n_tokens: int) -> list[int]:
         text = longbench_text(source)
     else:
         if not Path(source).is_dir():
-            raise ValueError(f"needle.haystack={source!r}: not 'noise', 'longbench:<dataset>:<dir>' or a folder")
+            raise InputError(f"needle.haystack={source!r}: not 'noise', 'longbench:<dataset>:<dir>' or a folder")
         text = folder_text(Path(source))
     ids = tokenizer(text, add_special_tokens=False).input_ids
     if not ids:
-        raise ValueError(f"needle.haystack={source!r} is empty")
+        raise InputError(f"needle.haystack={source!r} is empty")
     while len(ids) < n_tokens:
         ids = ids + ids
     return ids[:n_tokens]

@@ -8,6 +8,8 @@ which that code multiplies by 10; here it stays on 0-1. An empty response scores
 """
 from __future__ import annotations
 
+from snapkv.config import InputError
+
 from collections import Counter
 from functools import lru_cache
 
@@ -20,7 +22,7 @@ def recall_score(response: str, answer: str) -> float:
     """Share of the answer's words (LongBench-normalized) found in the response, in [0, 1]."""
     truth = Counter(normalize_answer(answer).split())
     if not truth:
-        raise ValueError("needle.answer normalizes to no words; give an answer with words")
+        raise InputError("needle.answer normalizes to no words; give an answer with words")
     found = Counter(normalize_answer(response).split())
     return sum((truth & found).values()) / sum(truth.values())
 
@@ -51,5 +53,5 @@ def cell_scores(response: str, needles) -> dict:
 
 def check_scorer(name: str) -> str:
     if name not in SCORERS:
-        raise ValueError(f"needle.scorer={name!r} is not allowed; choose one of {', '.join(SCORERS)}")
+        raise InputError(f"needle.scorer={name!r} is not allowed; choose one of {', '.join(SCORERS)}")
     return name

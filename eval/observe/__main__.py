@@ -8,13 +8,14 @@ from tqdm import tqdm
 
 import snapkv
 
-from ..hydra_app import CONFIG_PATH, clear_failure, output_dir, resolve_device, run_guarded, save_run_metadata
+from ..hydra_app import CONFIG_PATH, output_dir, resolve_device, run_guarded, save_run_metadata
 from ..jsonl import append_record, read_records
 from ..settings import claim, fingerprint
 from .capture import Windows, hit_rate_pass, last_window_votes
 from .data import load_samples
 from .hits import overlap
 from .summary import figures, overlap_table, tables
+from snapkv.config import InputError
 
 RESPONSES = ("reference", "model")
 VARIANTS = ("hits", "instructions")
@@ -25,16 +26,16 @@ def check(ob) -> None:
     for name in ("window", "prompt_windows", "response_windows", "kernel", "other_instructions"):
         value = ob[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"observe.{name}={value!r} must be an integer >= 1")
+            raise InputError(f"observe.{name}={value!r} must be an integer >= 1")
     if not 0 < float(ob.p) <= 1:
-        raise ValueError(f"observe.p={ob.p!r} is the kept fraction: a number in (0, 1]")
+        raise InputError(f"observe.p={ob.p!r} is the kept fraction: a number in (0, 1]")
     if not 0 < float(ob.theta) < 1:
-        raise ValueError(f"observe.theta={ob.theta!r} is an attention threshold: a number in (0, 1)")
+        raise InputError(f"observe.theta={ob.theta!r} is an attention threshold: a number in (0, 1)")
     for name, allowed in (("response", RESPONSES), ("variant", VARIANTS), ("pooling", POOLINGS)):
         if ob[name] not in allowed:
-            raise ValueError(f"observe.{name}={ob[name]!r} is not allowed; choose one of {', '.join(allowed)}")
+            raise InputError(f"observe.{name}={ob[name]!r} is not allowed; choose one of {', '.join(allowed)}")
     if ob.kernel % 2 == 0:
-        raise ValueError(f"observe.kernel={ob.kernel} must be odd")
+        raise InputError(f"observe.kernel={ob.kernel} must be odd")
 
 
 def task_settings(ob) -> dict:
@@ -58,7 +59,6 @@ def run(cfg: DictConfig):
     out = output_dir(cfg)
     result_file = "hits.jsonl" if ob.variant == "hits" else "overlap.jsonl"
     claim(out, fingerprint(cfg, task_settings(ob)), cfg.resume, [result_file])
-    clear_failure(out)
     tokenizer = load_tokenizer(cfg.model)
     samples = load_samples(cfg, tokenizer)
     results = out / result_file
@@ -85,7 +85,7 @@ def run(cfg: DictConfig):
     key = "layers" if ob.variant == "instructions" else "records"
     lines = [line for line in read_records(results) if line.get(key)]
     if not lines:
-        raise ValueError(f"observe: no sample qualified (prompt >= {need_prompt} tokens, response >= "
+        raise InputError(f"observe: no sample qualified (prompt >= {need_prompt} tokens, response >= "
                          f"{max(int(ob.min_response_tokens), ob.response_windows * ob.window)} tokens); lower "
                          "observe.min_prompt_tokens / min_response_tokens / window, or use other data")
     settings = (f"{cfg.model.name}, window {ob.window}, p {ob.p}, theta {ob.theta}, pooling {ob.pooling}, "
@@ -119,7 +119,7 @@ def instruction_overlap(model, tokenizer, sample, samples, cfg, device) -> dict 
     the tokens the two prompts share (the document, before the question)."""
     ob = cfg.observe
     if sample.row is None:
-        raise ValueError("observe.variant=instructions needs LongBench rows (observe.data=longbench:...)")
+        raise InputError("observe.variant=instructions needs LongBench rows (observe.data=longbench:...)")
     others = [s.row["input"] for s in samples if s.id != sample.id][: ob.other_instructions]
     own = torch.tensor([sample.prompt_ids], device=device)
     result = {"sample": sample.id, "others": [], "layers": None}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..chat import encode_chat
 from ..jsonl import input_lines
+from snapkv.config import InputError
 
 
 @dataclass
@@ -31,11 +32,11 @@ def _turns(record: dict, where: str) -> list[dict]:
     if isinstance(record.get("messages"), list):
         turns = record["messages"]
         if not all(isinstance(t, dict) and {"role", "content"} <= set(t) for t in turns):
-            raise ValueError(f"{where}: each of 'messages' needs 'role' and 'content'")
+            raise InputError(f"{where}: each of 'messages' needs 'role' and 'content'")
         return turns
     if isinstance(record.get("data"), list) and all(isinstance(t, str) for t in record["data"]):
         return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(record["data"])]
-    raise ValueError(f"{where}: a conversation needs 'data' (a list of turns) or 'messages'")
+    raise InputError(f"{where}: a conversation needs 'data' (a list of turns) or 'messages'")
 
 
 def conversation_samples(path: Path, tokenizer) -> list[Sample]:
@@ -43,7 +44,7 @@ def conversation_samples(path: Path, tokenizer) -> list[Sample]:
     for where, record in input_lines(path):
         turns = _turns(record, where)
         if len(turns) < 2 or turns[-1]["role"] != "assistant":
-            raise ValueError(f"{where}: the conversation must end with an assistant turn (the response)")
+            raise InputError(f"{where}: the conversation must end with an assistant turn (the response)")
         text = tokenizer.apply_chat_template(turns[:-1], add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False).input_ids
         samples.append(Sample(str(record.get("id", where.rsplit(":", 1)[1])), ids, turns[-1]["content"]))
@@ -60,7 +61,7 @@ def longbench_samples(spec: str, tokenizer, chat_format: str, max_length: int, q
     from ..longbench.prompt import PROMPTS, build_input_ids, middle_truncate
     _, dataset, data_dir = (spec.split(":", 2) + ["", ""])[:3]
     if not dataset:
-        raise ValueError(f"observe.data={spec!r}: use longbench:<dataset>:<dir> or a conversations .jsonl")
+        raise InputError(f"observe.data={spec!r}: use longbench:<dataset>:<dir> or a conversations .jsonl")
     samples = []
     for row in read_dataset(dataset_file(dataset, data_dir or None)):
         if question_position == "end":
@@ -75,13 +76,13 @@ def longbench_samples(spec: str, tokenizer, chat_format: str, max_length: int, q
 def load_samples(cfg, tokenizer) -> list[Sample]:
     ob = cfg.observe
     if ob.question_position not in ("end", "start"):
-        raise ValueError(f"observe.question_position={ob.question_position!r} is not allowed; choose end or start")
+        raise InputError(f"observe.question_position={ob.question_position!r} is not allowed; choose end or start")
     spec = str(ob.data)
     if spec.startswith("longbench:"):
         return longbench_samples(spec, tokenizer, cfg.model.chat_format, int(cfg.model.max_length),
                                  ob.question_position)
     if not Path(spec).is_file():
-        raise ValueError(f"observe.data={spec!r}: not longbench:<dataset>:<dir> and no such .jsonl file")
+        raise InputError(f"observe.data={spec!r}: not longbench:<dataset>:<dir> and no such .jsonl file")
     if ob.question_position != "end":
-        raise ValueError("observe.question_position=start needs LongBench rows (observe.data=longbench:...)")
+        raise InputError("observe.question_position=start needs LongBench rows (observe.data=longbench:...)")
     return conversation_samples(Path(spec), tokenizer)

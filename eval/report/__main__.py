@@ -12,12 +12,13 @@ from ..hydra_app import CONFIG_PATH, run_guarded
 from .collect import bench_runs, longbench_runs, needle_runs, observe_runs
 from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
 from .table1 import write_tables
+from snapkv.config import InputError
 
 
 def run(cfg: DictConfig):
     root, out = Path(cfg.report.runs), Path(cfg.report.out)
     if not root.is_dir():
-        raise ValueError(f"report.runs={root}: no such folder (run a task first, e.g. make demo)")
+        raise InputError(f"report.runs={root}: no such folder (run a task first, e.g. make demo)")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     lb = longbench_runs(root)

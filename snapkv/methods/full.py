@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import CompressorConfig, register
+from ..config import CompressorConfig, InputError, register
 
 
 @register
@@ -16,7 +16,7 @@ class FullConfig(CompressorConfig):
 
     def validate(self) -> None:
         if self.budget is not None:
-            raise ValueError(f"budget={self.budget!r}: full KV keeps every token; leave budget unset (null)")
+            raise InputError(f"budget={self.budget!r}: full KV keeps every token; leave budget unset (null)")
 
     @property
     def compresses(self) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import POOLINGS, CompressorConfig, check_choice, check_int, register
+from ..config import CompressorConfig, InputError, POOLINGS, check_choice, check_int, register
 from ..select import aggregate_heads, pool, window_attention
 
 
@@ -24,7 +24,7 @@ class SnapKVConfig(CompressorConfig):
         super().validate()
         check_int("kernel", self.kernel, 1)
         if self.kernel % 2 == 0:
-            raise ValueError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
+            raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
         check_choice("pooling", self.pooling, POOLINGS)
 
     def score(self, ctx):

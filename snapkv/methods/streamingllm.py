@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CompressorConfig, check_int, register
+from ..config import CompressorConfig, InputError, check_int, register
 
 
 @register
@@ -27,7 +27,7 @@ class StreamingLLMConfig(CompressorConfig):
         check_int("budget", self.budget, 2)
         check_int("sink_tokens", self.sink_tokens, 1)
         if self.sink_tokens >= self.budget:
-            raise ValueError(f"sink_tokens={self.sink_tokens} must be smaller than budget={self.budget}")
+            raise InputError(f"sink_tokens={self.sink_tokens} must be smaller than budget={self.budget}")
         self.window = self.budget - self.sink_tokens
 
     def score(self, ctx):
