@@ -125,7 +125,7 @@ def test_sweep_survives_scancel_and_preemption(tmp_path):
 
 
 def test_a_shared_prefill_sweep_cancelled_midway_resumes(tmp_path):
-    """hydra/sweeper=shared_prefill on SLURM: one job for four settings, cancelled while it runs, then
+    """hydra/sweeper=shared_prefill on SLURM: six jobs as one job of four settings, cancelled while it runs, then
     the same command again: every setting's folder completes, each cell once, the failure records gone."""
     reason = slurm_up()
     if reason:
@@ -143,7 +143,7 @@ def test_a_shared_prefill_sweep_cancelled_midway_resumes(tmp_path):
         time.sleep(0.2)
     log = first.communicate(timeout=300)[0]
     assert cancelled, f"the group job finished before it could be cancelled:\n{log[-3000:]}"
-    assert "4 jobs -> 1 job(s)" in log
+    assert "6 jobs -> 1 job(s)" in log   # full x 3 budgets is one setting: 4 settings
     folders = [tmp_path / "tiny-llama" / "full"] + \
         [tmp_path / "tiny-llama" / f"snapkv-b{b}-w8-k7-maxpool-mean" for b in BUDGETS]
     assert all((folder / "failed.json").exists() for folder in folders)
