@@ -24,7 +24,7 @@ from tqdm import tqdm
 import snapkv
 
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
-from .runner import Generation, is_oom
+from .runner import Generation, free_memory, is_oom
 from .settings import claim, fingerprint
 
 
@@ -34,9 +34,12 @@ class SettingRun:
     folder, the compressor, and what the task keeps per setting (records so far, pending keys)."""
     cfg: object
     compressor: snapkv.CompressorConfig
-    out: Path
     pending: set = field(default_factory=set)
     state: dict = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.output_dir)
 
 
 @dataclass
@@ -100,12 +103,12 @@ def job_settings(cfg) -> list[SettingRun]:
     """The settings this job runs: its own compressor, or those of its ``shared_prefill.group``."""
     members = shared_group(cfg)
     if not members:
-        return [SettingRun(cfg, make_compressor(cfg.compressor), Path(cfg.output_dir))]
+        return [SettingRun(cfg, make_compressor(cfg.compressor))]
     base = OmegaConf.to_container(cfg, resolve=True)
     runs = []
     for member in members:
         one = OmegaConf.create({**base, "compressor": member["compressor"], "output_dir": member["output_dir"]})
-        runs.append(SettingRun(one, make_compressor(one.compressor), Path(member["output_dir"])))
+        runs.append(SettingRun(one, make_compressor(one.compressor)))
     return runs
 
 
@@ -178,7 +181,7 @@ def generate(runner, prompt: Prompt, compressors: list) -> list[Generation | Non
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            release()
+            free_memory()
     out = []
     for compressor in compressors:
         try:
@@ -186,13 +189,6 @@ def generate(runner, prompt: Prompt, compressors: list) -> list[Generation | Non
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            release()
+            free_memory()
             out.append(None)
     return out
-
-
-def release() -> None:
-    import gc
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -174,18 +174,8 @@ def run_guarded(task, cfg: DictConfig):
             return None
         raise
     finally:
-        _free_memory()
-
-
-def _free_memory() -> None:
-    import gc
-    gc.collect()
-    try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+        from .runner import free_memory
+        free_memory()
 
 
 @contextmanager

@@ -43,9 +43,11 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import snapkv  # noqa: E402
-from eval.runner import Runner, is_oom  # noqa: E402
+from eval.bench.sweep import scaled  # noqa: E402
+from eval.runner import Runner, _sync, free_memory, is_oom  # noqa: E402
 from snapkv import memory  # noqa: E402
 from snapkv.architectures import window_queries  # noqa: E402
+from snapkv.patch import _cache_of  # noqa: E402
 from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 
 GIB = 2**30
@@ -96,23 +98,11 @@ class Mode:
         self.budgets = {k: v / 4 if smoke else v for k, v in BUDGETS_S.items()}
 
     def scaled(self, cfg):
-        """A Table 1 / paper setting with its budget scaled to the mode's lengths."""
-        if not cfg.compresses or not self.smoke:
-            return cfg
-        values = cfg.describe()
-        method = values.pop("method")
-        if method == "streamingllm":
-            values.pop("window")
-        values["budget"] = max(values["window"] + 2 if "window" in values else 8, values["budget"] // 32)
-        return snapkv.build_config(method, **values)
+        """A paper setting with its budget scaled to the mode's lengths (unchanged in the full mode)."""
+        return scaled([cfg], 1 / 32 if self.smoke else 1)[0]
 
 
 # -- measuring ---------------------------------------------------------------------------------
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
 
 class PeakMeter:
     """Peak bytes above a baseline: ``max_memory_allocated`` on CUDA, sampled resident memory on CPU."""
@@ -187,12 +177,6 @@ def implementations(device: str) -> list[str]:
 def tokens(batch: int, length: int, vocab: int, device: str, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (batch, length), generator=gen).to(device)
-
-
-def free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class SectionTimeout(Exception):
@@ -287,8 +271,7 @@ def _capture_full_prefill(model, cfg, ids):
                                                                  cfg.window), "scaling": module.scaling}
 
     def after(module, args, kwargs, output):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        captured[module.layer_idx]["keys"] = cache.layers[module.layer_idx].keys
+        captured[module.layer_idx]["keys"] = _cache_of(kwargs).layers[module.layer_idx].keys
 
     for layer in model.model.layers:  # registered before the session's hooks: they see the full KV
         handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
@@ -356,7 +339,7 @@ def section_exactness(mode: Mode, clock: Clock) -> dict:
                     case.update(tokens_agreeing_with_eager=f"{agree}/{len(reference)}",
                                 first_divergence=first)
         del model
-        free()
+        free_memory()
     cases = [c for c in out["cases"] if "heads_equal" in c]
     out["all_selections_exact"] = bool(cases) and all(c["heads_differing"] == 0 for c in cases)
     return out
@@ -421,7 +404,7 @@ def fits(runner, cfg, batch: int, length: int, mode: Mode, cap: int) -> tuple[bo
         return False, -1
     finally:
         del ids
-        free()
+        free_memory()
 
 
 def frontier(runner, cfg, batch, start, mode: Mode, cap: int, clock: Clock, reserve_s: float) -> dict:
@@ -543,7 +526,7 @@ def section_long_context(mode: Mode, clock: Clock) -> dict:
             break
         finally:
             del ids
-            free()
+            free_memory()
     done = [r["input_tokens"] for r in out["runs"] if "prefill_s" in r]
     out["longest_run"] = max(done) if done else None
     out["paper"] = "380K tokens on one A100-80GB (LWM-Text-Chat-1M, SnapKV 1024)"
@@ -556,14 +539,14 @@ def section_shared_prefill(mode: Mode, clock: Clock) -> dict:
     settings = [mode.scaled(cfg) for cfg in TABLE1]
     ids = tokens(1, mode.shared_length, mode.lwm["vocab_size"], mode.device, seed=2)
     runner.generate(ids[:, :64], snapkv.FullConfig(), 2)  # warm-up
-    sync(mode.device)
+    _sync(mode.device)
     start = time.perf_counter()
     solo = [runner.generate(ids, cfg, mode.shared_answer) for cfg in settings]
-    sync(mode.device)
+    _sync(mode.device)
     solo_s = time.perf_counter() - start
     start = time.perf_counter()
     shared = runner.generate_shared(ids, settings, mode.shared_answer)
-    sync(mode.device)
+    _sync(mode.device)
     shared_s = time.perf_counter() - start
     full_prefill = solo[0].prefill_s
     return {"input_tokens": mode.shared_length, "answer_tokens": mode.shared_answer,
@@ -630,7 +613,7 @@ def main(argv=None) -> int:
             entry["status"] = "ok"
         except Exception as exc:
             entry.update(status="failed", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}")
-        free()
+        free_memory()
         entry["seconds"] = round(budget - clock.left(), 1)
         report["sections"][name] = entry
         print(f"[gpu_check] {name}: {entry['status']} in {entry['seconds']} s", flush=True)

@@ -62,7 +62,8 @@ def test_a_waiting_process_runs_once_the_holder_is_done(tmp_path):
     assert (tmp_path / "needle.jsonl").exists()
 
 
-def test_sigterm_leaves_a_failure_record_and_a_finished_run_clears_it(tmp_path):
+def start_slow_sweep(tmp_path):
+    """A 24-cell needle sweep in its own process, once its first cell is written: (process, cells file)."""
     slow = subprocess.Popen([sys.executable, "-m", "eval.needle", "-m", "model=tiny-llama", "compressor=full",
                              "needle.lengths=[300,400,500,600,700,800,900,1000]", "needle.depths=[0,50,100]",
                              "needle.max_new_tokens=1", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
@@ -72,6 +73,11 @@ def test_sigterm_leaves_a_failure_record_and_a_finished_run_clears_it(tmp_path):
         if cells.exists() and cells.read_text().count("\n") >= 1:
             break
         time.sleep(0.1)
+    return slow, cells
+
+
+def test_sigterm_leaves_a_failure_record_and_a_finished_run_clears_it(tmp_path):
+    slow, cells = start_slow_sweep(tmp_path)
     slow.send_signal(signal.SIGTERM)
     slow.wait(timeout=60)
     failed = json.loads((cells.parent / "failed.json").read_text())
@@ -89,15 +95,7 @@ def test_a_job_killed_outright_still_leaves_a_failure_record(tmp_path):
     """SIGKILL (a scheduler's kill after its grace period, the OOM killer) runs no handler: the record
     every job writes when it starts stays."""
     from eval.hydra_app import UNFINISHED
-    slow = subprocess.Popen([sys.executable, "-m", "eval.needle", "-m", "model=tiny-llama", "compressor=full",
-                             "needle.lengths=[300,400,500,600,700,800,900,1000]", "needle.depths=[0,50,100]",
-                             "needle.max_new_tokens=1", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cells = tmp_path / "tiny-llama" / "full" / "needle.jsonl"
-    for _ in range(600):
-        if cells.exists() and cells.read_text().count("\n") >= 1:
-            break
-        time.sleep(0.1)
+    slow, cells = start_slow_sweep(tmp_path)
     slow.kill()
     slow.wait(timeout=60)
     assert json.loads((cells.parent / "failed.json").read_text())["error"] == UNFINISHED
