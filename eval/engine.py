@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import snapkv
+from snapkv.config import InputError
 
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, free_memory, is_oom
@@ -117,9 +118,13 @@ def run(task: PredictionTask, cfg):
     task.check(cfg)
     runs = job_settings(cfg)
     items = task.items(cfg)
+    together = decode_together(cfg)
     for one in runs:
         one.out.mkdir(parents=True, exist_ok=True)
-        claim(one.out, fingerprint(one.cfg, task.settings(one.cfg)), cfg.resume, task.result_names)
+        settings = fingerprint(one.cfg, task.settings(one.cfg))
+        if together and len(runs) > 1:  # batched decoding may change a token: its records are not the exact ones
+            settings["shared_prefill.decode_together"] = True
+        claim(one.out, settings, cfg.resume, task.result_names)
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
         work = [item for item in items if any(item.key in one.pending for one in runs)]
@@ -156,7 +161,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
         prompt = task.prompt(item, model, tokenizer)
         for one in active:
             task.started(one, item, prompt)
-        generations = generate(runner, prompt, [one.compressor for one in active])
+        generations = generate(runner, prompt, [one.compressor for one in active], decode_together(cfg))
         for one, gen in zip(active, generations):
             text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
                                                              skip_special_tokens=True)
@@ -170,14 +175,22 @@ def trim_stop(tokens: list[int], stop_ids) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
 
 
-def generate(runner, prompt: Prompt, compressors: list) -> list[Generation | None]:
+def decode_together(cfg) -> bool:
+    value = (cfg.get("shared_prefill") or {}).get("decode_together", False)
+    if not isinstance(value, bool):
+        raise InputError(f"shared_prefill.decode_together={value!r} is not allowed; choose true or false")
+    return value
+
+
+def generate(runner, prompt: Prompt, compressors: list, together: bool = False) -> list[Generation | None]:
     """Each compressor's generation for one prompt (None: out of memory). Several compressors share
-    one prefill; when that runs out of memory each is retried alone, as its solo run would be."""
+    one prefill (``together``: and decode as batches); when that runs out of memory each is retried
+    alone, as its solo run would be."""
     ids = torch.tensor([prompt.ids])
     kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens)
     if len(compressors) > 1:
         try:
-            return runner.generate_shared(ids, compressors, prompt.max_new_tokens, **kwargs)
+            return runner.generate_shared(ids, compressors, prompt.max_new_tokens, together=together, **kwargs)
         except Exception as exc:
             if not is_oom(exc):
                 raise

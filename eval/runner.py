@@ -179,6 +179,23 @@ def kv_cache_bytes(cache) -> int:
                if getattr(layer, "keys", None) is not None)
 
 
+def cheapest_cuts(sizes: list[int], fixed: int) -> list[tuple[int, int]]:
+    """Cut ascending ``sizes`` into consecutive batches ``[a, b)`` minimising the sum over batches of
+    ``fixed + (b - a) * sizes[b - 1]`` (a decoding step: the weights once, each row padded to the
+    batch's largest cache)."""
+    best, cut = [0] + [None] * len(sizes), [0] * (len(sizes) + 1)
+    for b in range(1, len(sizes) + 1):
+        for a in range(b):
+            cost = best[a] + fixed + (b - a) * sizes[b - 1]
+            if best[b] is None or cost < best[b]:
+                best[b], cut[b] = cost, a
+    out, b = [], len(sizes)
+    while b:
+        out.append((cut[b], b))
+        b = cut[b]
+    return out[::-1]
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -191,20 +208,24 @@ class Runner:
         self.model, self.tokenizer = model, tokenizer
         self.mlp_chunk = mlp_chunk
         self.device = next(model.parameters()).device
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                  stop_ids=(), min_new_tokens: int = 0) -> Generation:
         return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens)[0]
 
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
-                        stop_ids=(), min_new_tokens: int = 0) -> list[Generation]:
+                        stop_ids=(), min_new_tokens: int = 0, together: bool = False) -> list[Generation]:
         """One prefill, then each compressor's greedy continuation from its own cache (one
         ``Generation`` per compressor, each what ``generate`` alone returns; ``prefill_s`` is the
-        shared prefill's)."""
-        return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens)
+        shared prefill's). ``together``: the settings decode as batches (``decode_batches``), which
+        may change a token where batched arithmetic rounds differently; each ``decode_s`` is then its
+        batch's."""
+        return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens, together)
 
     @torch.inference_mode()
-    def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int):
+    def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
+                  together: bool = False):
         from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)
@@ -219,16 +240,72 @@ class Runner:
             prefill_s = time.perf_counter() - start
             caches, lengths = session.caches, session.lengths_per_setting
             session.caches = []  # so that each cache can be freed once it has decoded
-            results = []
-            for i in range(len(caches)):
-                kv_bytes = kv_cache_bytes(caches[i])
+            kv_bytes = [kv_cache_bytes(cache) for cache in caches]
+            batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
+                                                                                          range(len(caches))]
+            results = [None] * len(caches)
+            for batch in batches:
                 start = time.perf_counter()
-                tokens = self._decode(caches[i], first_logits.clone(), max_new_tokens, set(stop_ids), min_new_tokens)
+                if len(batch) == 1:
+                    cache = caches[batch[0]]
+                    decoded = [self._decode(cache, first_logits.clone(), max_new_tokens, set(stop_ids),
+                                            min_new_tokens)]
+                else:
+                    cache = snapkv.merge_caches([caches[i] for i in batch])
+                    decoded = self._decode_rows(cache, first_logits.repeat(len(batch), 1), len(batch),
+                                                max_new_tokens, set(stop_ids), min_new_tokens)
                 _sync(self.device)
-                results.append(Generation(tokens, input_ids.shape[1], prefill_s, time.perf_counter() - start,
-                                          lengths[i], kv_bytes))
-                caches[i] = None
+                decode_s = time.perf_counter() - start
+                for i, tokens in zip(batch, decoded):
+                    results[i] = Generation(tokens, input_ids.shape[1], prefill_s, decode_s, lengths[i], kv_bytes[i])
+                    caches[i] = None
+                del cache
         return results
+
+    def _can_merge(self) -> bool:
+        if self.model.config._attn_implementation != "flash_attention_2":
+            return True
+        if not getattr(Runner._can_merge, "warned", False):
+            print("note: decode_together needs per-layer padding masks, which flash_attention_2 does not take; "
+                  "the settings decode one after another")
+            Runner._can_merge.warned = True
+        return False
+
+    def decode_batches(self, caches: list) -> list[list[int]]:
+        """Which settings decode together: caches of one head layout, cheapest first, cut where a
+        step's reads are smallest. A step reads the weights once per batch and, per row, the batch's
+        longest cache (every row is padded to it), so ``full`` beside small budgets may decode alone."""
+        from snapkv.merge import layout
+        groups: dict = {}
+        for i, cache in enumerate(caches):
+            groups.setdefault(layout(cache), []).append(i)
+        batches = []
+        for members in groups.values():
+            members.sort(key=lambda i: kv_cache_bytes(caches[i]))
+            sizes = [kv_cache_bytes(caches[i]) for i in members]
+            batches.extend([members[a:b] for a, b in cheapest_cuts(sizes, self.weight_bytes)])
+        return batches
+
+    def _decode_rows(self, cache, logits, settings: int, max_new_tokens: int, stop: set,
+                     min_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding of a merged cache: ``settings`` consecutive groups of rows, each stopping on
+        its own (a finished setting's rows run on until the last one stops; their tokens are dropped)."""
+        rows = logits.shape[0] // settings
+        tokens: list[list[int]] = [[] for _ in range(settings)]
+        done = [False] * settings
+        for step in range(max_new_tokens):
+            if step < min_new_tokens and stop:
+                logits[:, list(stop)] = float("-inf")
+            picks = logits.argmax(dim=-1)
+            for k in range(settings):
+                if not done[k]:
+                    token = int(picks[k * rows])
+                    tokens[k].append(token)
+                    done[k] = token in stop or step == max_new_tokens - 1
+            if all(done):
+                break
+            logits = self.model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
+        return tokens
 
     def _decode(self, cache, logits, max_new_tokens: int, stop: set, min_new_tokens: int) -> list[int]:
         tokens: list[int] = []

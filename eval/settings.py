@@ -1,11 +1,18 @@
 """Results belong to the settings that made them.
 
-Every run folder holds ``settings.json``: the fingerprint of everything that can change an output
-(model weights and numerics, prompt rules, every compressor field, the task fields that shape a
-result). A rerun into the folder resumes only when its fingerprint is the same; otherwise it stops
-before loading a model, naming each changed field, unless ``resume=restart`` moves the old results
-to a dated folder beside the run. Fields that cannot change an output (``limit``, ``device``,
-progress bars) are left out, so a run can be extended or moved to another machine.
+Every run folder holds ``settings.json``: the fingerprint of everything that can change an output, as
+flat ``"section.field"`` keys. It is the whole config minus a list: every top-level field, every
+field of the model section, of the compressor node and of the task's own section (``cfg.longbench``,
+``cfg.needle``, ...), except the fields in ``HARMLESS`` (they cannot change an output: ``limit``,
+``device``, the grid of a grid task, retries...) and those in ``DERIVED`` (the task fingerprints a
+value derived from them instead, e.g. LongBench's data source for ``data_dir`` and ``revision``). A
+task's own derived values (``PredictionTask.settings``) replace the raw fields of the same key
+(``needle.haystack`` resolved to a folder, ``chat_format: null`` resolved to the model's). So a
+field added to a config later counts unless it is put on one of the lists.
+
+A rerun into the folder resumes only when its fingerprint is the same; otherwise it stops before
+loading a model, naming each changed field, unless ``resume=restart`` moves the old results to a
+dated folder beside the run. The left-out fields let a run be extended or moved to another machine.
 """
 from __future__ import annotations
 
@@ -23,8 +30,41 @@ from .jsonl import write_json_atomic
 SETTINGS_FILE = "settings.json"
 RESUME_MODES = ("auto", "restart")
 
-# Model-config fields that change what a model outputs. ``name``, ``device_map`` and ``mlp_chunk``
-# (exact) do not.
+# The sections of the tasks; a config holds the others' too (an experiment sets several), and only
+# the running task's section counts.
+TASK_SECTIONS = ("longbench", "needle", "lines", "observe", "bench", "report")
+_GRID = ("lengths", "grid", "min_length", "max_length", "num_lengths", "depths", "num_depths")
+
+# Fields that cannot change an output, by section ("": the top level).
+HARMLESS = {
+    "": ("device",          # where it runs (bench adds the resolved device itself: it changes its timings)
+         "seed",            # read by nothing (the random method and the lines generator have their own)
+         "resume", "lock_wait_s", "output_dir",
+         "shared_prefill",  # group: each setting goes to the folder of its solo run (the engine adds
+                            # decode_together itself where it changes a record)
+         "hydra"),          # Hydra's own node (in a composed config only)
+    "model": ("name", "device_map", "mlp_chunk",  # mlp_chunk: the chunked MLP is exact
+              "trained_context"),                 # a line on the needle heatmap
+    "longbench": ("datasets",  # each dataset is its own file, its data checked by datasets.json
+                  "limit", "retry_oom"),
+    # cells are keyed by (length, depth) and do not depend on each other, so a grid can be extended
+    "needle": _GRID + ("skip_after_oom", "retry_oom", "retry_failed", "dry_run", "memory_gib",
+                       "full_kv_frontier"),  # the heatmap's dashed line
+    "lines": _GRID + ("skip_after_oom", "retry_oom", "retry_failed"),
+    "observe": ("limit",),
+    # bench rows are keyed by (method, budget, length, batch); a timing is the median of its repeats;
+    # plan, plan_lengths and sweep (which claims no folder) write no rows; frontier picks the result
+    # file; the frontier search's start, cap and probe time limit are not counted (as before)
+    "bench": ("lengths", "budgets", "methods", "batch_sizes", "repeats", "plan", "measure", "plan_lengths",
+              "sweep", "frontier", "frontier_start", "frontier_max", "probe_timeout_s"),
+}
+# Fields that change an output but count through a value the task derives from them (its settings).
+DERIVED = {
+    "longbench": ("data_dir", "revision"),              # longbench.data_source
+    "needle": ("needle", "answer", "extra_needles"),    # needle.needles
+    "bench": ("memory_gib", "frontier_min", "frontier_resolution"),  # added by bench with frontier=true
+}
+# Model fields recorded even when unset (null), as every settings.json has had them.
 MODEL_FIELDS = ("path", "revision", "package_file", "tokenizer", "use_fast_tokenizer", "dtype",
                 "attn_implementation", "max_length", "chat_format", "protocol", "random_init", "architecture")
 # Kept in the folder: Hydra's own files of the current job, and the run lock this process holds.
@@ -35,14 +75,30 @@ def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+def left_out(section: str) -> set[str]:
+    return set(HARMLESS.get(section, ())) | set(DERIVED.get(section, ()))
+
+
+def section_settings(node, section: str) -> dict:
+    """Every field of a config section but the left-out ones, as ``{"section.field": value}``."""
+    if node is None:
+        return {}
+    skip = left_out(section)
+    return {f"{section}.{name}": _plain(node[name]) for name in node if name not in skip}
+
+
+def top_level_settings(cfg) -> dict:
+    skip = left_out("") | {"model", "compressor", *TASK_SECTIONS}
+    return {name: _plain(cfg[name]) for name in cfg if name not in skip}
+
+
 def model_settings(model_cfg) -> dict:
     from .runner import attn_implementation
-    out = {}
-    for name in MODEL_FIELDS:
-        value = _plain(model_cfg.get(name)) if name != "attn_implementation" else attn_implementation(model_cfg)
-        if name == "architecture" and not model_cfg.get("random_init"):
-            value = None  # only describes the weights of a random-init model
-        out[f"model.{name}"] = value
+    out = {f"model.{name}": None for name in MODEL_FIELDS}
+    out.update(section_settings(model_cfg, "model"))
+    out["model.attn_implementation"] = attn_implementation(model_cfg)  # sdpa where flash-attn cannot run
+    if not model_cfg.get("random_init"):
+        out["model.architecture"] = None  # only describes the weights of a random-init model
     return out
 
 
@@ -51,11 +107,13 @@ def compressor_settings(node, skip=("tag",)) -> dict:
     return {f"compressor.{k}": v for k, v in sorted(fields.items()) if k not in skip}
 
 
-def fingerprint(cfg, task_fields: dict, compressor_skip=("tag",)) -> dict:
-    """The flat ``{"section.field": value}`` settings of one run."""
+def fingerprint(cfg, derived: dict | None = None, compressor_skip=("tag",)) -> dict:
+    """The flat ``{"section.field": value}`` settings of one run: the top-level fields, the model
+    section, the compressor node (but ``compressor_skip``) and the task's section, less the left-out
+    fields (``HARMLESS``, ``DERIVED``), then ``derived``: the task's values that replace raw fields."""
     compressor = compressor_settings(cfg.compressor, compressor_skip) if cfg.get("compressor") is not None else {}
-    return {"task": cfg.task, **model_settings(cfg.model), **compressor,
-            **{k: _plain(v) for k, v in task_fields.items()}}
+    return {**top_level_settings(cfg), **model_settings(cfg.model), **compressor,
+            **section_settings(cfg.get(cfg.task), cfg.task), **{k: _plain(v) for k, v in (derived or {}).items()}}
 
 
 def _show(value) -> str:

@@ -19,8 +19,9 @@ from snapkv.config import InputError
 
 GROUP_FOLDER = ".shared_prefill"
 _DEFAULT_OUTPUT_DIR = "${hydra:runtime.output_dir}"
-# Config nodes a member of a group may differ in (besides its compressor and folder).
-_PER_SETTING = ("compressor", "output_dir", "hydra", "shared_prefill")
+# Config nodes a member of a group may differ in (besides its compressor and folder); and
+# ``shared_prefill.group``, which the sweeper itself sets.
+_PER_SETTING = ("compressor", "output_dir", "hydra")
 
 
 def unused_fields(method: str) -> set:
@@ -56,6 +57,7 @@ def member_of(overrides: list, compose: Callable[[list], Any]) -> tuple[Member, 
         out = Path(str(cfg.output_dir))
     compressor = OmegaConf.to_container(cfg.compressor, resolve=True)
     rest = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k not in _PER_SETTING}
+    (rest.get("shared_prefill") or {}).pop("group", None)
     rest = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(rest)), resolve=True)
     return Member(kept, compressor, str(out.resolve())), json.dumps(rest, sort_keys=True, default=str)
 

@@ -18,7 +18,7 @@ status() { sinfo -h -o %T 2>/dev/null | grep -qE "idle|mix|alloc" && sacct -n -X
 
 stop() {
   for d in slurmd slurmctld slurmdbd; do pkill -x "$d" 2>/dev/null || true; done
-  [ -S /run/mysqld/mysqld.sock ] && mysqladmin shutdown 2>/dev/null || true
+  mysqladmin shutdown 2>/dev/null || true
   pkill -x munged 2>/dev/null || true
   echo "local_slurm: stopped"
 }
@@ -54,11 +54,13 @@ chown mysql:mysql /run/mysqld 2>/dev/null || true
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
 
 # MariaDB for slurmdbd
-if ! [ -S /run/mysqld/mysqld.sock ]; then
+# (a socket left by a server that was killed is stale: ping, not the socket, says whether one runs)
+if ! mysqladmin ping >/dev/null 2>&1; then
+  rm -f /run/mysqld/mysqld.sock /run/mysqld/mysqld.pid
   [ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
-  (mariadbd --user=mysql --datadir=/var/lib/mysql --socket=/run/mysqld/mysqld.sock \
+  (setsid mariadbd --user=mysql --datadir=/var/lib/mysql --socket=/run/mysqld/mysqld.sock \
      >/var/log/slurm/mariadb.log 2>&1 &)
-  for _ in $(seq 60); do [ -S /run/mysqld/mysqld.sock ] && break; sleep 0.5; done
+  for _ in $(seq 60); do mysqladmin ping >/dev/null 2>&1 && break; sleep 0.5; done
 fi
 mariadb -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
             CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';

@@ -3,11 +3,12 @@ from .config import CompressorConfig, InputError, build_config, METHODS, POOLING
 from .methods import (FullConfig, H2OConfig, PyramidKVConfig, RandomConfig, SnapKVConfig,
                       StreamingLLMConfig)
 from .patch import CompressionSession, compress
+from .merge import merge_caches
 from .select import select_positions
 from .chunking import chunked_mlp
 
 __all__ = [
     "CompressorConfig", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "FullConfig", "H2OConfig",
     "PyramidKVConfig", "RandomConfig", "SnapKVConfig", "StreamingLLMConfig", "CompressionSession",
-    "compress", "select_positions", "chunked_mlp",
+    "compress", "merge_caches", "select_positions", "chunked_mlp",
 ]

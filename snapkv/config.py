@@ -68,6 +68,15 @@ class CompressorConfig:
         Padded positions need no special score: ``top_positions`` ranks each row on its real tokens."""
         raise NotImplementedError
 
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        """For the memory planner (``snapkv.memory``): the bytes this method's scoring allocates at its
+        largest while one layer of ``length`` tokens is compressed, beside that layer's full K and V
+        (``shape``: the model's ``memory.Shape``; ``nbytes``: bytes per element of the model dtype).
+        The planner adds what every method shares (the copy ``gqa="repeat"`` makes). Every method
+        that compresses gives its own: there is no default, since a guessed term is a wrong plan."""
+        raise InputError(f"compressor.method={self.method!r}: the memory planner has no estimate of this "
+                         "method's compression (its config class defines no compression_bytes)")
+
     def label(self) -> str:
         """A short run label, ``SnapKV 1024``, with the fields that differ from the method's defaults
         (``SnapKV 1024 (window 16, kernel 5)``)."""

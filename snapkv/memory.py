@@ -5,9 +5,9 @@ mixture-of-experts), the KV cache held at the end of prefill, the KV held while 
 runs, and the largest per-layer transient of a prefill: hidden states, one layer's q/k/v and
 attention (eager: the L x L scores in the model dtype plus their float32 softmax, and the additive
 mask; fused kernels: tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
-compression step of each method (SnapKV/PyramidKV: window x L float32 scores; H2O: all L queries and
-1024 x L scores of one KV head's query heads at a time; StreamingLLM and random: no attention; ``gqa="repeat"``: a repeated
-copy of one layer's K and V), and the last-position logits.
+compression step (each method's own term, ``CompressorConfig.compression_bytes``, from the helpers
+here, e.g. ``window_scores_bytes``; plus, with ``gqa="repeat"``, a repeated copy of one layer's K and
+V), and the last-position logits.
 
 Not planned: padded batches under sdpa (transformers then builds a batch x L x L boolean mask) and
 the runtime's own buffers (CUDA context, cuBLAS workspaces, CPU thread pools); ``eval.bench``
@@ -20,7 +20,6 @@ from .config import InputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
-_H2O_QUERY_CHUNK = 1024
 _SELECTION_CHUNK = 256 * 2**20  # snapkv.select: window x L float32 per chunk of heads
 
 
@@ -88,28 +87,32 @@ def kv_bytes(shape: Shape, tokens_per_layer: list[int], heads: int, batch: int, 
     return sum(2 * batch * heads * t * shape.head_dim * nbytes for t in tokens_per_layer)
 
 
+def repeated_kv_bytes(s: Shape, gqa: str, length: int, batch: int, nbytes: int) -> int:
+    """``gqa="repeat"`` (any method): one layer's K and V repeated to every query head."""
+    return 2 * batch * s.heads * length * s.head_dim * nbytes if gqa == "repeat" else 0
+
+
+def window_scores_bytes(s: Shape, window: int, length: int, batch: int, nbytes: int) -> int:
+    """The observation-window vote of SnapKV and PyramidKV (``snapkv.select.window_attention``): the
+    window's queries, the window x L float32 scores, probabilities and their cast of a chunk of KV
+    heads at a time, then the votes and their pooled copy."""
+    queries = batch * s.heads * window * s.head_dim * nbytes
+    group = s.heads // s.kv_heads
+    per_kv_head = batch * group * window * length * 4
+    chunk = max(1, min(s.kv_heads, _SELECTION_CHUNK // max(per_kv_head, 1)))
+    return queries + 3 * chunk * per_kv_head + batch * s.heads * length * 4 * 2
+
+
+def votes_bytes(s: Shape, length: int, batch: int) -> int:
+    """One float32 vote per KV head and position (a method that computes no attention)."""
+    return batch * s.kv_heads * length * 4
+
+
 def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes: int) -> int:
-    """Bytes the compression of one layer allocates beside that layer's full K/V."""
-    method = compressor.method
-    repeat = 2 * batch * s.heads * length * s.head_dim * nbytes if compressor.gqa == "repeat" else 0
-    if method in ("snapkv", "pyramidkv"):
-        window = compressor.window
-        queries = batch * s.heads * window * s.head_dim * nbytes
-        group = s.heads // s.kv_heads
-        per_kv_head = batch * group * window * length * 4
-        chunk = max(1, min(s.kv_heads, _SELECTION_CHUNK // max(per_kv_head, 1)))
-        scores = 3 * chunk * per_kv_head + batch * s.heads * length * 4 * 2  # scores/probs, then votes and pooled
-        return queries + scores + repeat
-    if method == "h2o":
-        queries = batch * s.heads * length * s.head_dim * nbytes
-        rows = min(length, _H2O_QUERY_CHUNK)
-        # one KV head's group of query heads at a time, scaled and masked in place; the last chunk
-        # scores every key
-        scores = batch * (s.heads // s.kv_heads) * rows * length * softmax_bytes(nbytes)
-        blocked = rows * length  # the chunk's causal mask (bool)
-        return queries + scores + blocked + batch * s.heads * length * 4 * 2 + repeat
-    # streamingllm, random: votes only
-    return batch * s.kv_heads * length * 4 + repeat
+    """Bytes the compression of one layer allocates beside that layer's full K/V: the method's own
+    term (``CompressorConfig.compression_bytes``) and the copy ``gqa="repeat"`` makes."""
+    return (compressor.compression_bytes(s, length, batch, nbytes)
+            + repeated_kv_bytes(s, compressor.gqa, length, batch, nbytes))
 
 
 def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfloat16",
@@ -164,12 +167,15 @@ def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_1
 
 
 def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: str = "bfloat16",
-                attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0) -> dict:
+                attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
+                decode_together: bool = False) -> dict:
     """A shared prefill of several settings (``snapkv.compress(model, [a, b, ...])``): every kept cache
     plus the largest transient. While the last layer runs, each setting holds its earlier layers as it
     keeps them and that layer's full KV is held once; the settings score one after another, so the
     transient is the largest one setting has. Decoding starts with every setting's cache alive (each is
-    freed once it has decoded)."""
+    freed once it has decoded). ``decode_together``: the settings decode as one batch
+    (``snapkv.merge_caches``), every row padded to the largest cache, with a row of logits each (the
+    bound when every setting shares one batch)."""
     if not compressors:
         raise InputError("compressors=[]: plan at least one setting")
     kw = dict(batch=batch, dtype=dtype, attn_implementation=attn_implementation, mlp_chunk=mlp_chunk,
@@ -183,6 +189,9 @@ def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: s
     transient = max(p["prefill_transient_bytes"] for p in plans)
     prefill_peak = weights + held + transient
     decode_peak = max(p["decode_peak_bytes"] + kept - p["kv_cache_bytes"] for p in plans)
+    if decode_together:
+        widest = max(plans, key=lambda p: p["decode_peak_bytes"])
+        decode_peak = len(plans) * (widest["decode_peak_bytes"] - weights) + weights
     return {"weights_bytes": weights, "kv_cache_bytes": kept, "prefill_kv_held_bytes": held,
             "prefill_transient_bytes": transient, "prefill_peak_bytes": prefill_peak,
             "decode_peak_bytes": decode_peak, "peak_bytes": max(prefill_peak, decode_peak),

@@ -93,6 +93,7 @@ class CacheState:
     pass_kept: torch.Tensor | None = None  # padding kept by the first layer compressed in this pass
     cfg: CompressorConfig | None = None    # the setting this cache follows
     siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
+    layer_masks: list | None = None       # caches merged into one batch: per layer, [rows, length] real slots
 
 
 _STATE = "_snapkv_state"
@@ -100,6 +101,10 @@ _STATE = "_snapkv_state"
 
 def state_of(cache) -> CacheState | None:
     return getattr(cache, _STATE, None)
+
+
+def set_state(cache, state: CacheState) -> None:
+    setattr(cache, _STATE, state)
 
 
 def _check_cache(cache) -> None:
@@ -202,7 +207,7 @@ class CompressionSession:
             if cache.get_seq_length() != 0:
                 return None  # a cache filled outside this session: left as it is
             state = self._start_prefill(kwargs, q_len, tokens)
-            setattr(cache, _STATE, state)
+            set_state(cache, state)
             self.state = state
             self.caches = [cache] + [sibling for sibling, _ in state.siblings]
             return None
@@ -257,7 +262,7 @@ class CompressionSession:
         first = state(self.cfgs[0])
         first.siblings = [(DynamicCache(config=self.model.config), state(cfg)) for cfg in self.cfgs[1:]]
         for sibling, sibling_state in first.siblings:
-            setattr(sibling, _STATE, sibling_state)
+            set_state(sibling, sibling_state)
         return first
 
     def _after_decoder(self, module, args, kwargs, output):
@@ -282,22 +287,26 @@ class CompressionSession:
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
         # The model sized its mask for one layer; layers hold different lengths (PyramidKV, later
         # turns), so each layer gets its own: none for one new token without kept padding.
-        if state.query_len == 1 and state.kept_mask is None:
+        if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None:
             kwargs["attention_mask"] = None
         else:
-            kwargs["attention_mask"] = self._continuation_mask(state, cache.layers[module.layer_idx], kwargs)
+            kwargs["attention_mask"] = self._continuation_mask(state, cache.layers[module.layer_idx], kwargs,
+                                                               module.layer_idx)
         return args, kwargs
 
     @staticmethod
-    def _continuation_mask(state: CacheState, layer, kwargs) -> torch.Tensor:
+    def _continuation_mask(state: CacheState, layer, kwargs, layer_idx: int) -> torch.Tensor:
         """``[b, 1, q, L + q]`` additive mask for ``q`` new tokens after a layer holding ``L``: every
-        kept token visible (but kept padding), causal among the new ones."""
+        kept token visible (but kept padding, and the padding of merged caches), causal among the new ones."""
         hidden = kwargs["hidden_states"]
         q, length = state.query_len, layer.keys.shape[-2]
         visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
         visible[:, :, length:] = torch.ones(q, q, dtype=torch.bool, device=hidden.device).tril()
         if state.kept_mask is not None:
             visible[:, :, :length] &= state.kept_mask[:, None, :length]
+        if state.layer_masks is not None:
+            merged = state.layer_masks[layer_idx]  # the slots tokens decoded since the merge follow are real
+            visible[:, :, :merged.shape[1]] &= merged[:, None, :]
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
@@ -324,7 +333,7 @@ class CompressionSession:
         budget = cfg.layer_budget(idx, ctx.num_layers, length) if cfg.compresses else length
         if length <= budget:
             if cache.layers[idx].keys is not keys:
-                cache.layers[idx] = _filled_layer(keys, values)
+                cache.layers[idx] = filled_layer(keys, values)
             state.cache_lengths[idx] = length
             return
         window = cfg.recent_window(idx, ctx.num_layers)
@@ -349,14 +358,12 @@ class CompressionSession:
         elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
             current.keys, current.values = new_keys, new_values
         else:
-            cache.layers[idx] = _filled_layer(new_keys, new_values)
+            cache.layers[idx] = filled_layer(new_keys, new_values)
         self._record_kept_mask(state, kept, pad_mask)
         state.cache_lengths[idx] = budget
         if not state.compressed:
             state.compressed = True
-            # generate() and the model read the cache's length to place new tokens: report the tokens
-            # it has consumed (the absolute position of the next one), not the kept ones
-            cache.get_seq_length = lambda layer_idx=0: state.consumed
+            report_consumed(cache, state)
 
     @staticmethod
     def _record_kept_mask(state: CacheState, kept: torch.Tensor, pad_mask) -> None:
@@ -369,7 +376,13 @@ class CompressionSession:
         state.pass_kept = state.kept_mask = mask
 
 
-def _filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+def report_consumed(cache, state: CacheState) -> None:
+    """generate() and the model read the cache's length to place new tokens: make it report the tokens
+    the cache has consumed (the absolute position of the next one), not the kept ones."""
+    cache.get_seq_length = lambda layer_idx=0: state.consumed
+
+
+def filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     layer = DynamicLayer()
     layer.lazy_initialization(keys, values)
     layer.keys, layer.values = keys, values

@@ -211,6 +211,21 @@ def test_planner_terms_per_method_and_architecture():
         plan(dict(base, model_type="gpt2"), 100, None)
 
 
+def test_a_method_without_a_memory_term_is_not_planned():
+    from dataclasses import dataclass
+    from snapkv.config import CompressorConfig, InputError
+
+    @dataclass
+    class Unplanned(CompressorConfig):
+        method = "unplanned"
+
+    base = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=2)
+    with pytest.raises(InputError, match="compressor.method='unplanned': the memory planner has no estimate"):
+        plan(base, 4096, Unplanned(budget=64, window=8))
+    assert plan(base, 4096, snapkv.FullConfig())["kv_cache_bytes"] == plan(base, 4096, None)["kv_cache_bytes"]
+
+
 def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
     from snapkv.memory import plan_shared
     from eval.runner import model_architecture
@@ -227,6 +242,11 @@ def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
     assert both["peak_bytes"] > full["peak_bytes"]
     # the full KV of the layer being compressed is held once, not once per setting
     assert both["prefill_kv_held_bytes"] < full["prefill_kv_held_bytes"] + 2 * one["prefill_kv_held_bytes"]
+    # decoding together: every row padded to the largest cache (full's), one row of logits each
+    together = plan_shared(arch, 8192, [snapkv.FullConfig(), snap, h2o], dtype="float32", decode_together=True)
+    assert together["decode_peak_bytes"] == 3 * (full["decode_peak_bytes"] - full["weights_bytes"]) + \
+        full["weights_bytes"]
+    assert together["prefill_peak_bytes"] == both["prefill_peak_bytes"]
 
 
 def test_sweep_mode_times_solo_against_shared_and_checks_the_tokens(tmp_path):
@@ -239,6 +259,15 @@ def test_sweep_mode_times_solo_against_shared_and_checks_the_tokens(tmp_path):
     assert result["solo_s"] > 0 and result["shared_s"] > 0 and result["ideal_s"] > 0
     assert json.loads((tmp_path / "sweep.json").read_text())["speedup"] == result["speedup"]
     assert "shared prefill, exact" in (tmp_path / "sweep.md").read_text()
+    assert result["together_s"] > 0 and result["together_speedup"] > 0
+    assert 0 <= result["together_answers_differ"] <= 5 and 0 <= result["together_token_agreement"] <= 1
+    assert "decoding together" in (tmp_path / "sweep.md").read_text()
+
+
+def test_token_agreement_counts_answers_and_positions():
+    from eval.bench.sweep import agreement
+    assert agreement([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]) == (0, 1.0)
+    assert agreement([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5, 6]]) == (2, 4 / 6)
 
 
 def test_sweep_mode_bad_settings_name_the_field(tmp_path):
@@ -246,3 +275,28 @@ def test_sweep_mode_bad_settings_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="bench.sweep.settings='table2'"):
         run(compose("bench", ["model=tiny-llama", "bench.sweep.enabled=true", "bench.sweep.settings=table2",
                               f"output_dir={tmp_path}"]))
+
+
+def test_cpu_peaks_come_from_a_fresh_process_and_timings_from_this_one(monkeypatch):
+    """The fixed mmap threshold makes peaks honest but slows decoding with a long cache, so on CPU a
+    configuration's peak comes from a worker under WORKER_ENV (one run, no warm-up) and its timings
+    from the benchmark's own process."""
+    from omegaconf import OmegaConf
+    import eval.bench.measure as measure
+    from eval.bench.__main__ import _run_fresh
+    seen = []
+    real = measure.run_worker
+
+    def spy(request, timeout_s=None):
+        seen.append((request["spec"]["repeats"], request["spec"]["warmup"]))
+        return real(request, timeout_s)
+    monkeypatch.setattr(measure, "run_worker", spy)
+    model = OmegaConf.to_container(compose("bench", ["model=tiny-llama"]).model, resolve=True)
+    spec = {"method": "full", "budget": None, "input_tokens": 64, "batch": 1, "decode_tokens": 2, "repeats": 3,
+            "compressor": {}}
+    timings = {"method": "full", "prefill_s": 2.0, "decode_s_per_token": 0.5, "peak_memory_bytes": 1,
+               "peak_above_model_bytes": 1, "oom": False}
+    row = _run_fresh(model, "cpu", spec, lambda s: dict(timings, repeats=s["repeats"]))
+    assert seen == [(1, False)]
+    assert (row["prefill_s"], row["decode_s_per_token"], row["repeats"]) == (2.0, 0.5, 3)
+    assert row["peak_above_model_bytes"] > 1000 and row["peak_memory_bytes"] > 1000   # the worker's

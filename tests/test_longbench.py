@@ -212,6 +212,17 @@ def test_rerun_with_other_settings_is_refused_before_loading_the_model(tmp_path,
     assert len((run_dir / "invocations.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_field_added_to_the_task_config_is_part_of_the_settings(tmp_path, monkeypatch):
+    import eval.runner
+    from snapkv.config import InputError
+    write(tmp_path / "hotpotqa.jsonl", rows(1))
+    run_app(tmp_path, "+longbench.new_knob=1")
+    assert json.loads((tmp_path / "run" / "settings.json").read_text())["longbench.new_knob"] == 1
+    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(InputError, match="longbench.new_knob 1 -> 2"):
+        run_app(tmp_path, "+longbench.new_knob=2")
+
+
 def test_resume_restart_moves_old_results_to_a_dated_folder(tmp_path):
     write(tmp_path / "hotpotqa.jsonl", rows(2))
     run_app(tmp_path, "longbench.limit=1")

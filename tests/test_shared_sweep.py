@@ -190,3 +190,31 @@ def test_table1_preset_is_one_group_of_its_five_settings(tmp_path):
     assert [(m.compressor["method"], m.compressor["budget"]) for m in groups[0]] == \
         [("full", None), ("snapkv", 1024), ("snapkv", 2048), ("snapkv", 4096), ("h2o", 4096)]
     assert all(m.compressor["gqa"] == "repeat" for m in groups[0])
+
+
+def test_decode_together_records_its_mode_and_keeps_exact_folders_apart(tmp_path, monkeypatch):
+    from eval.runner import Runner
+    base = ["model=tiny-llama", *TASKS["longbench"]]
+    together = []
+    real = Runner.generate_shared
+
+    def spy(self, *args, **kwargs):
+        together.append(kwargs.get("together"))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Runner, "generate_shared", spy)
+    cfg, members = shared_job("longbench", base + ["shared_prefill.decode_together=true"], SETTINGS[:4],
+                              tmp_path / "shared")
+    task_run("longbench")(cfg)
+    assert together == [True, True]
+    exact, _ = shared_job("longbench", base, SETTINGS[:4], tmp_path / "exact")
+    task_run("longbench")(exact)
+    for member in members:
+        batched = Path(member.output_dir)
+        solo = tmp_path / "exact" / batched.relative_to(tmp_path / "shared")
+        assert json.loads((batched / "settings.json").read_text())["shared_prefill.decode_together"] is True
+        assert "shared_prefill.decode_together" not in json.loads((solo / "settings.json").read_text())
+        assert records(batched / RESULTS["longbench"]) == records(solo / RESULTS["longbench"])
+    import snapkv
+    exact.shared_prefill.decode_together = True  # batched records into the exact run's folders
+    with pytest.raises(snapkv.InputError, match="shared_prefill.decode_together"):
+        task_run("longbench")(exact)

@@ -32,12 +32,12 @@ BUDGETS = (64, 96, 128)
 CELLS = 24
 
 
-def sweep(folder):
+def sweep(folder, max_new_tokens=8):
     return [sys.executable, "-m", "eval.needle", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=cpu",
             "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2",
             "hydra.launcher.timeout_min=15", "model=tiny-llama", "compressor.window=8",
             "compressor.budget=" + ",".join(map(str, BUDGETS)), "needle.lengths=[300,400,500,600]",
-            "needle.depths=[0,20,40,60,80,100]", "needle.max_new_tokens=8", f"hydra.sweep.dir={folder}"]
+            "needle.depths=[0,20,40,60,80,100]", f"needle.max_new_tokens={max_new_tokens}", f"hydra.sweep.dir={folder}"]
 
 
 def cells_of(folder, budget):
@@ -131,7 +131,9 @@ def test_a_shared_prefill_sweep_cancelled_midway_resumes(tmp_path):
     if reason:
         pytest.skip(reason)
     env = {**os.environ, "SNAPKV_BENCH_HOME": str(ROOT)}
-    command = [*sweep(tmp_path), "hydra/sweeper=shared_prefill", "compressor=full,snapkv"]
+    # long answers: the group job must still be running when SIGKILL follows the cancel (KillWait=5 s),
+    # whatever the machine's speed (at 8 tokens a fast machine finishes all 24 cells within those 5 s)
+    command = [*sweep(tmp_path, max_new_tokens=96), "hydra/sweeper=shared_prefill", "compressor=full,snapkv"]
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     cancelled = False
@@ -144,6 +146,11 @@ def test_a_shared_prefill_sweep_cancelled_midway_resumes(tmp_path):
     log = first.communicate(timeout=300)[0]
     assert cancelled, f"the group job finished before it could be cancelled:\n{log[-3000:]}"
     assert "6 jobs -> 1 job(s)" in log   # full x 3 budgets is one setting: 4 settings
+    # the planner raised the request above the configured 2 GB (eval/job_memory.py: ceil(peak x 1.25 + 3))
+    assert "SLURM array of 1 job(s): mem_gb=4 (configured 2)" in log, log[-3000:]
+    requested = subprocess.run(["sacct", "-X", "-n", "-j", array_job_id(tmp_path), "-o", "ReqMem"],
+                               capture_output=True, text=True).stdout.split()
+    assert requested and all(m.startswith("4") for m in requested), requested
     folders = [tmp_path / "tiny-llama" / "full"] + \
         [tmp_path / "tiny-llama" / f"snapkv-b{b}-w8-k7-maxpool-mean" for b in BUDGETS]
     assert all((folder / "failed.json").exists() for folder in folders)

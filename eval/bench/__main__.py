@@ -46,7 +46,21 @@ def _key(row) -> tuple:
     return row["method"], row.get("budget"), row["input_tokens"], row.get("batch", 1)
 
 
-def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
+def _run_fresh(model_cfg: dict, device: str, spec: dict, timed) -> dict:
+    """One configuration on CPU: its peak from a fresh process under the fixed allocator setting (one
+    run, ``eval.bench.measure``), its timings from ``timed(spec)`` in this process, as users run Python."""
+    from .measure import PEAK_FIELDS
+    memory = _worker_row(model_cfg, device, {**spec, "repeats": 1, "warmup": False})
+    if memory["oom"] or memory.get("killed"):
+        return memory
+    timing = timed(spec)
+    if timing["oom"]:
+        return timing
+    return {**{k: v for k, v in timing.items() if k not in PEAK_FIELDS},
+            **{k: memory[k] for k in PEAK_FIELDS if k in memory}}
+
+
+def _worker_row(model_cfg: dict, device: str, spec: dict) -> dict:
     from .measure import run_worker
     proc = run_worker({"model": model_cfg, "device": device, "spec": spec})
     if proc.returncode in (-9, 137):  # killed by the system (e.g. the host's OOM killer): not a CUDA OOM
@@ -56,37 +70,6 @@ def _run_fresh(model_cfg: dict, device: str, spec: dict) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def print_plan(cfg) -> list[dict]:
-    b, arch = cfg.bench, model_architecture(cfg.model)
-    compressor = _compressor_for_plan(cfg)
-    kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
-                  attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
-                  mlp_chunk=cfg.model.get("mlp_chunk"))
-    budget = int(float(b.memory_gib) * 2**30)
-    rows = []
-    for name, comp in (("full", None), (compressor.method, compressor)):
-        for length in b.plan_lengths:
-            p = plan(arch, int(length), comp, **kwargs)
-            rows.append({"method": name, "input_tokens": int(length), **p, "fits": p["peak_bytes"] <= budget})
-        rows.append({"method": name, "longest_fitting_tokens": longest_fitting(arch, budget, comp, **kwargs)})
-    print(f"memory plan: {cfg.model.name}, {kwargs}, {b.memory_gib} GiB")
-    for r in rows:
-        if "longest_fitting_tokens" in r:
-            print(f"  {r['method']:>10}: longest input that fits = {r['longest_fitting_tokens']} tokens")
-        else:
-            print(f"  {r['method']:>10} {r['input_tokens']:>8} tokens: peak {r['peak_bytes'] / 2**30:7.2f} GiB "
-                  f"(KV {r['kv_cache_bytes'] / 2**30:.2f}) {'fits' if r['fits'] else 'OOM'}")
-    return rows
-
-
-def _compressor_for_plan(cfg):
-    from ..hydra_app import make_compressor
-    comp = make_compressor(cfg.compressor)
-    if not comp.compresses:
-        comp = snapkv.SnapKVConfig(budget=int(cfg.bench.budgets[0]))
-    return comp
 
 
 def run_sweep(cfg: DictConfig) -> dict:
@@ -114,7 +97,7 @@ def run_sweep(cfg: DictConfig) -> dict:
     prompts = [(torch.tensor([build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length),
                                               cfg.model.chat_format)]), n_new, stops,
                 min_new_tokens(dataset, cfg.model.protocol)) for row in rows]
-    result = measure_sweep(runner, prompts, settings)
+    result = measure_sweep(runner, prompts, settings, together=bool(sw.get("decode_together", True)))
     result.update(model=cfg.model.name, device=str(runner.device), dataset=dataset)
     write_json_atomic(out / "sweep.json", result)
     title = f"Shared prefill: {cfg.model.name} on {runner.device}, {dataset}"
@@ -165,16 +148,17 @@ def run(cfg: DictConfig):
     fresh = cfg.bench.fresh_process
     fresh = (device == "cpu") if fresh == "auto" else bool(fresh)
     runner = None
+
+    def timed(spec):
+        nonlocal runner
+        from ..runner import Runner, load_model
+        from .measure import measure
+        if runner is None:
+            model, _ = load_model(cfg.model, device, with_tokenizer=False)
+            runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
+        return measure(runner, spec)
     for spec in tqdm(todo, desc="bench", unit="config", dynamic_ncols=True):
-        if fresh:
-            row = _run_fresh(model_cfg, device, spec)
-        else:
-            from ..runner import Runner, load_model
-            from .measure import measure
-            if runner is None:
-                model, _ = load_model(cfg.model, device, with_tokenizer=False)
-                runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
-            row = measure(runner, spec)
+        row = _run_fresh(model_cfg, device, spec, timed) if fresh else timed(spec)
         append_record(results, row)
     rows = [r for r in read_records(results) if _key(r) in {_key(s) for s in specs}]
     _add_predictions(cfg, rows)

@@ -1,8 +1,9 @@
 """Measure one benchmark configuration: prefill time, decode time per token, peak memory, KV bytes.
 
-On CPU each configuration runs in a fresh process (``run_worker``: ``python -m eval.bench.measure``)
-so its peak resident memory is its own; on CUDA ``max_memory_allocated`` after a reset does the
-same in-process.
+On CPU each configuration's peak resident memory comes from a fresh process of its own under a fixed
+allocator setting (``run_worker``: ``python -m eval.bench.measure``), and its timings from the
+benchmark's process, as users run Python; on CUDA ``max_memory_allocated`` after a reset gives the
+peak in the same process as the timings.
 """
 from __future__ import annotations
 
@@ -26,11 +27,16 @@ from ..runner import Runner, is_oom, kv_cache_bytes, load_model  # noqa: F401 (k
 # RSS then counts tensors the program no longer holds (measured on tiny-llama-32l at 16K tokens:
 # full KV 1131 MiB instead of 602, SnapKV 346 instead of 123). A fixed threshold turns that
 # adjustment off, so resident memory follows the live tensors, as max_memory_allocated does on CUDA.
+# It also maps and unmaps every large tensor at each step, which slows decoding with a long cache far
+# more than with a short one (SmolLM2 at 6,965 tokens: full KV 0.435 s a token under it, 0.19-0.20
+# without), so timings come from a process without it (the benchmark's own).
 WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+PEAK_FIELDS = ("peak_memory_bytes", "peak_above_model_bytes", "over_cap")
 
 
 def run_worker(request: dict, timeout_s: float | None = None) -> subprocess.CompletedProcess:
-    """One measurement in a fresh process; ``request`` = {model, device, spec[, memory_cap_bytes]}."""
+    """One measurement in a fresh process under ``WORKER_ENV``; ``request`` = {model, device, spec[,
+    memory_cap_bytes]}."""
     return subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=json.dumps(request),
                           capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **WORKER_ENV})
 

@@ -18,9 +18,9 @@ from .generate import LinesPrompts, exact_value
 from snapkv.config import InputError
 
 
-def task_settings(lc, chat_format: str) -> dict:
-    return {"lines.seed": lc.seed, "lines.pool": lc.pool, "lines.chat_format": chat_format,
-            "lines.max_new_tokens": lc.max_new_tokens}
+def task_settings(chat_format: str) -> dict:
+    """The resolved chat format (null: the model's); the rest of ``cfg.lines`` counts as typed."""
+    return {"lines.chat_format": chat_format}
 
 
 class LinesGrid(GridTask):
@@ -41,7 +41,7 @@ class LinesGrid(GridTask):
                              f"choose one of {', '.join(CHAT_FORMATS)}")
 
     def settings(self, cfg) -> dict:
-        return task_settings(cfg.lines, self.chat_format)
+        return task_settings(self.chat_format)
 
     def grid(self, cfg):
         return lengths_from(cfg.lines), depths_from(cfg.lines)

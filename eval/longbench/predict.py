@@ -45,9 +45,10 @@ def check_task(lb) -> None:
 
 
 def task_settings(cfg) -> dict:
+    """What the fingerprint records for ``data_dir`` and ``revision`` (the rest of ``cfg.longbench``
+    counts as typed, see ``eval.settings``)."""
     lb = cfg.longbench
-    return {"longbench.max_new_tokens": lb.max_new_tokens,
-            "longbench.data_source": data_source(lb.data_dir, str(lb.revision))}
+    return {"longbench.data_source": data_source(lb.data_dir, str(lb.revision))}
 
 
 def record_datasets(out: Path, files: dict) -> dict:

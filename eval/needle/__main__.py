@@ -65,8 +65,8 @@ def read_task(cfg) -> NeedleTask:
 
 
 def task_settings(task: NeedleTask) -> dict:
-    """Needle fields that change a cell. The grid is not one of them: cells are keyed by (length,
-    depth) and a cell does not depend on the others, so a grid can be extended in place."""
+    """The needle fields as read and checked (text as typed, the haystack folder resolved, the chat
+    format the model's when unset); they replace the raw fields in the fingerprint (``eval.settings``)."""
     haystack = task.haystack
     if haystack != "noise" and not haystack.startswith("longbench:"):
         haystack = str(Path(haystack).resolve())

@@ -38,12 +38,6 @@ def check(ob) -> None:
         raise InputError(f"observe.kernel={ob.kernel} must be odd")
 
 
-def task_settings(ob) -> dict:
-    keys = ("data", "response", "window", "prompt_windows", "response_windows", "p", "theta", "pooling", "kernel",
-            "question_position", "variant", "other_instructions", "min_prompt_tokens", "min_response_tokens")
-    return {f"observe.{k}": ob[k] for k in keys}
-
-
 def response_ids(runner, tokenizer, sample, ob) -> list[int]:
     needed = ob.response_windows * ob.window
     if ob.response == "reference":
@@ -58,7 +52,7 @@ def run(cfg: DictConfig):
     check(ob)
     out = output_dir(cfg)
     result_file = "hits.jsonl" if ob.variant == "hits" else "overlap.jsonl"
-    claim(out, fingerprint(cfg, task_settings(ob)), cfg.resume, [result_file])
+    claim(out, fingerprint(cfg), cfg.resume, [result_file])
     tokenizer = load_tokenizer(cfg.model)
     samples = load_samples(cfg, tokenizer)
     results = out / result_file

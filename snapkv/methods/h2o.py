@@ -31,31 +31,38 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
 
     Queries go in chunks of ``_QUERY_CHUNK`` rows and one KV head (its group of query heads) at a
     time; a chunk is scored against the keys up to its last query only, since later keys get an
-    exact zero from the causal softmax. Both keep a chunk's scores small (query_chunk x prefix per
-    query head of one group) and halve the work of scoring every key."""
+    exact zero from the causal softmax, and only its diagonal block needs the causal mask. Every
+    chunk's scores and probabilities go into two buffers allocated once (a fresh allocation of that
+    size would be new, page-faulted memory at every chunk)."""
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
     dtype = queries.dtype if accumulate == "model" else torch.float32
     total = torch.zeros(b, n_kv, group, length, dtype=dtype, device=queries.device)
+    size = b * group * min(_QUERY_CHUNK, length) * length
+    scores_buffer = torch.empty(size, dtype=queries.dtype, device=queries.device)
+    probs_buffer = torch.empty(size, dtype=torch.float32, device=queries.device)
     key_pos = torch.arange(length, device=queries.device)
+    lowest = torch.finfo(queries.dtype).min
     for start in range(0, length, _QUERY_CHUNK):
         end = min(start + _QUERY_CHUNK, length)
-        blocked = key_pos[None, :end] > key_pos[start:end, None]
-        if pad_mask is not None:
-            blocked = blocked | ~pad_mask[:, None, None, :end]          # [b, 1, rows, end]
+        rows = end - start
+        diagonal = key_pos[None, start:end] > key_pos[start:end, None]
         for head in range(n_kv):
-            q = queries[:, head * group:(head + 1) * group, start:end]  # [b, group, rows, d]
-            k = keys[:, head:head + 1, :end]
-            # in place: the chunk's scores are the largest tensor H2O makes
-            scores = scale_scores(torch.matmul(q, k.transpose(-1, -2)), d, scaling, inplace=True)
-            scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype).to(dtype)
-            del scores
+            q = queries[:, head * group:(head + 1) * group, start:end].reshape(b, group * rows, d)
+            scores = scores_buffer[:b * group * rows * end].view(b, group * rows, end)
+            torch.matmul(q, keys[:, head, :end].transpose(-1, -2), out=scores)
+            scores = scale_scores(scores.view(b, group, rows, end), d, scaling, inplace=True)
+            scores[..., start:].masked_fill_(diagonal, lowest)
+            if pad_mask is not None:
+                scores.masked_fill_(~pad_mask[:, None, None, :end], lowest)
+            probs = probs_buffer[:b * group * rows * end].view(b, group, rows, end)
+            torch.softmax(scores, dim=-1, dtype=torch.float32, out=probs)
+            if queries.dtype != torch.float32:  # the official cast back to the model dtype
+                probs = scores.copy_(probs).to(dtype)
             if pad_mask is not None:
                 probs = probs * pad_mask[:, None, start:end, None]
             total[:, head, :, :end] += probs.sum(dim=-2)
-            del probs  # before the next head's scores exist, not after
     return total.reshape(b, n_heads, length)
 
 
@@ -78,3 +85,14 @@ class H2OConfig(CompressorConfig):
         votes = ctx.shared(("accumulated_attention", self.accumulate), lambda: accumulated_attention(
             ctx.queries(keys.shape[-2]), keys, ctx.pad_mask, self.accumulate, ctx.scaling))
         return aggregate_heads(votes[..., :-self.window].float(), keys.shape[1], self.gqa)
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        """All L queries; one KV head's group of query heads scoring a chunk of rows at a time, scaled
+        and masked in place (the last chunk scores every key); the chunk's causal mask (bool); the
+        summed votes."""
+        from ..memory import softmax_bytes
+        queries = batch * shape.heads * length * shape.head_dim * nbytes
+        rows = min(length, _QUERY_CHUNK)
+        scores = batch * (shape.heads // shape.kv_heads) * rows * length * softmax_bytes(nbytes)
+        blocked = rows * length
+        return queries + scores + blocked + batch * shape.heads * length * 4 * 2

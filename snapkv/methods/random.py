@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CompressorConfig, register
+from ..memory import votes_bytes
 
 
 @register
@@ -20,3 +21,6 @@ class RandomConfig(CompressorConfig):
         b, n_kv, length, _ = keys.shape
         generator = torch.Generator().manual_seed(self.seed * 100_003 + ctx.layer_idx)
         return torch.rand(b, n_kv, length - self.window, generator=generator).to(keys.device)
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        return votes_bytes(shape, length, batch)

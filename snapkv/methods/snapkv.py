@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import CompressorConfig, InputError, POOLINGS, check_choice, check_int, register
+from ..memory import window_scores_bytes
 from ..select import aggregate_heads, pool, window_attention
 
 
@@ -32,3 +33,6 @@ class SnapKVConfig(CompressorConfig):
         votes = ctx.shared(("window_attention", self.window), lambda: window_attention(
             ctx.queries(self.window), ctx.keys, self.window, ctx.pad_mask, ctx.scaling))
         return aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        return window_scores_bytes(shape, self.window, length, batch, nbytes)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import CompressorConfig, InputError, check_int, register
+from ..memory import votes_bytes
 
 
 @register
@@ -41,3 +42,6 @@ class StreamingLLMConfig(CompressorConfig):
         rank = torch.arange(n, device=keys.device)[None, :] - first_real
         votes = ((rank >= 0) & (rank < self.sink_tokens)).float()
         return votes[:, None, :].expand(b, n_kv, n)
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        return votes_bytes(shape, length, batch)

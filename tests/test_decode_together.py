@@ -1,0 +1,110 @@
+"""Decoding the settings of one prefill as one batch (``snapkv.merge_caches``, ``decode_together``)."""
+import pytest
+import torch
+from transformers import DynamicCache
+
+import snapkv
+from eval.runner import Runner, cheapest_cuts
+from tiny_models import tiny_model
+
+SETTINGS = [
+    snapkv.FullConfig(),
+    snapkv.SnapKVConfig(budget=48, window=8, kernel=5),
+    snapkv.SnapKVConfig(budget=64, window=8, kernel=3, pooling="avgpool"),
+    snapkv.PyramidKVConfig(budget=48, window=8, kernel=5),
+    snapkv.H2OConfig(budget=40, window=8),
+    snapkv.StreamingLLMConfig(budget=56, sink_tokens=4),
+]
+FORCED = [5, 17, 99, 3, 42, 7]
+
+
+def forced_logits(model, cache, first, rows_per_setting=1):
+    """Logits of a fixed continuation (the same tokens for every row), so rows compare step by step."""
+    out = [first]
+    for token in FORCED:
+        ids = torch.full((first.shape[0], 1), token)
+        out.append(model(ids, cache=cache, use_cache=True).logits[:, -1])
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_merged_cache_decodes_each_setting_as_its_own_cache(attn):
+    model = tiny_model("llama-gqa", attn=attn)
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(4))
+    with snapkv.compress(model, SETTINGS) as session, torch.no_grad():
+        first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]
+        caches = session.caches
+        lengths = session.lengths_per_setting
+        assert len({tuple(n) for n in lengths}) == len(SETTINGS)  # padding is needed, per layer for PyramidKV
+        alone = [forced_logits(model, cache, first) for cache in caches]
+    with snapkv.compress(model, SETTINGS) as session, torch.no_grad():
+        first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]
+        merged = snapkv.merge_caches(session.caches)
+        assert all(layer.keys is None for cache in session.caches for layer in cache.layers)  # emptied
+        together = forced_logits(model, merged, first.repeat(len(SETTINGS), 1))
+    for i, cfg in enumerate(SETTINGS):
+        torch.testing.assert_close(together[i], alone[i][0], rtol=1e-5, atol=1e-5, msg=cfg.label())
+
+
+def test_left_padded_rows_merge_with_their_kept_padding():
+    model = tiny_model("llama-gqa")
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(1, 128, (n,), generator=gen) for n in (130, 60)]
+    ids = torch.zeros(2, 130, dtype=torch.long)
+    mask = torch.zeros(2, 130, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, 130 - len(r):], mask[i, 130 - len(r):] = r, 1
+    kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    settings = [snapkv.SnapKVConfig(budget=80, window=8), snapkv.SnapKVConfig(budget=48, window=8)]
+    with snapkv.compress(model, settings) as session, torch.no_grad():
+        first = model(ids, cache=DynamicCache(config=model.config), use_cache=True, **kw).logits[:, -1]
+        alone = [forced_logits(model, cache, first) for cache in session.caches]
+    with snapkv.compress(model, settings) as session, torch.no_grad():
+        first = model(ids, cache=DynamicCache(config=model.config), use_cache=True, **kw).logits[:, -1]
+        together = forced_logits(model, snapkv.merge_caches(session.caches), first.repeat(2, 1))
+    torch.testing.assert_close(together, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_runner_decodes_together_and_reports_each_setting():
+    model = tiny_model("llama-gqa")
+    runner = Runner(model)
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(5))
+    exact = runner.generate_shared(ids, SETTINGS, 12)
+    together = runner.generate_shared(ids, SETTINGS, 12, together=True)
+    for cfg, a, b in zip(SETTINGS, exact, together):
+        assert a.tokens == b.tokens, cfg.label()
+        assert (a.cache_lengths, a.kv_cache_bytes) == (b.cache_lengths, b.kv_cache_bytes)
+    stop = together[1].tokens[3]  # one setting stops early, the others run on
+    stopped = runner.generate_shared(ids, SETTINGS, 12, stop_ids=[stop], together=True)
+    for a, b in zip(runner.generate_shared(ids, SETTINGS, 12, stop_ids=[stop]), stopped):
+        assert a.tokens == b.tokens
+
+
+def test_batches_keep_layouts_apart_and_full_alone_when_it_costs_more():
+    model = tiny_model("llama-gqa")
+    runner = Runner(model)
+    settings = [snapkv.FullConfig(), snapkv.SnapKVConfig(budget=48, window=8),
+                snapkv.SnapKVConfig(budget=48, window=8, gqa="repeat"), snapkv.SnapKVConfig(budget=56, window=8)]
+    ids = torch.randint(0, 128, (1, 400), generator=torch.Generator().manual_seed(6))
+    with snapkv.compress(model, settings) as session, torch.no_grad():
+        model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        runner.weight_bytes = 0      # reads of the weights cost nothing: no batch pays for padding
+        assert sorted(map(sorted, runner.decode_batches(session.caches))) == [[0], [1], [2], [3]]
+        runner.weight_bytes = 10**12  # the weights dominate: one batch per layout
+        assert sorted(map(sorted, runner.decode_batches(session.caches))) == [[0, 1, 3], [2]]
+        with pytest.raises(snapkv.InputError, match="different heads per layer"):
+            snapkv.merge_caches(session.caches[1:3])
+
+
+def test_cheapest_cuts():
+    assert cheapest_cuts([1, 2, 3, 1000], fixed=100) == [(0, 3), (3, 4)]
+    assert cheapest_cuts([1, 2, 3, 1000], fixed=10**6) == [(0, 4)]
+    assert cheapest_cuts([5, 5, 5], fixed=0) in ([(0, 3)], [(0, 1), (1, 2), (2, 3)], [(0, 2), (2, 3)],
+                                                 [(0, 1), (1, 3)])
+    assert cheapest_cuts([1, 50], fixed=10) == [(0, 1), (1, 2)]
+    assert cheapest_cuts([], fixed=10) == []
+
+
+def test_foreign_caches_are_refused():
+    with pytest.raises(snapkv.InputError, match="snapkv.compress"):
+        snapkv.merge_caches([DynamicCache()])
