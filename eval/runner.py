@@ -251,7 +251,7 @@ class Runner:
                     decoded = [self._decode(cache, first_logits.clone(), max_new_tokens, set(stop_ids),
                                             min_new_tokens)]
                 else:
-                    cache = snapkv.merge_caches([caches[i] for i in batch])
+                    cache = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens)
                     decoded = self._decode_rows(cache, first_logits.repeat(len(batch), 1), len(batch),
                                                 max_new_tokens, set(stop_ids), min_new_tokens)
                 _sync(self.device)

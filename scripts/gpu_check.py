@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import snapkv  # noqa: E402
-from eval.bench.sweep import scaled  # noqa: E402
+from eval.bench.sweep import agreement, scaled  # noqa: E402
 from eval.runner import Runner, _sync, free_memory, is_oom  # noqa: E402
 from snapkv import memory  # noqa: E402
 from snapkv.architectures import window_queries  # noqa: E402
@@ -548,6 +548,11 @@ def section_shared_prefill(mode: Mode, clock: Clock) -> dict:
     shared = runner.generate_shared(ids, settings, mode.shared_answer)
     _sync(mode.device)
     shared_s = time.perf_counter() - start
+    start = time.perf_counter()
+    together = runner.generate_shared(ids, settings, mode.shared_answer, together=True)
+    _sync(mode.device)
+    together_s = time.perf_counter() - start
+    differ, agree = agreement([g.tokens for g in shared], [g.tokens for g in together])
     full_prefill = solo[0].prefill_s
     return {"input_tokens": mode.shared_length, "answer_tokens": mode.shared_answer,
             "settings": [cfg.label() for cfg in settings],
@@ -556,7 +561,8 @@ def section_shared_prefill(mode: Mode, clock: Clock) -> dict:
             "prefill_relative_to_full": {cfg.label(): round(g.prefill_s / full_prefill, 2)
                                          for cfg, g in zip(settings, solo)},
             "tokens_equal_to_solo": {cfg.label(): a.tokens == b.tokens for cfg, a, b in zip(settings, solo, shared)},
-            "decode_together": "not measured: batched decoding of several settings is not built yet"}
+            "together_s": round(together_s, 3), "together_speedup": round(solo_s / together_s, 2),
+            "together_answers_differ": differ, "together_token_agreement": round(agree, 4)}
 
 
 SECTIONS = {"environment": section_environment, "exactness": section_exactness, "speed": section_speed,

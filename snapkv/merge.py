@@ -6,6 +6,10 @@ their caches row after row, each layer left-padded to its longest member, and re
 slots are real. Inside the ``compress`` context every attention then masks the padding, layer by
 layer (PyramidKV's layers differ in length). The batched arithmetic may round differently from one
 cache decoding alone, so a token can differ where two candidates are nearly tied.
+
+A merged layer keeps room for the tokens still to come (``GrowingLayer``): transformers' own layer
+concatenates its whole cache at every step, and a batch padded to its longest member would copy
+every row's padding too.
 """
 from __future__ import annotations
 
@@ -14,7 +18,43 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .config import InputError
-from .patch import CacheState, RepeatedKVLayer, filled_layer, report_consumed, set_state, state_of
+from .patch import CacheState, RepeatedKVLayer, report_consumed, set_state, state_of
+
+
+class GrowingLayer(DynamicLayer):
+    """A cache layer that writes new tokens into spare room instead of concatenating (the room doubles
+    when it runs out); ``keys`` and ``values`` are views of the filled part."""
+
+    snapkv_layer = True  # a layer the compression hooks accept in a cache
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.filled = keys.shape[-2]
+        self._keys = self._room(keys, self.filled + spare)
+        self._values = self._room(values, self.filled + spare)
+        self._show()
+
+    @staticmethod
+    def _room(filled: torch.Tensor, capacity: int) -> torch.Tensor:
+        room = filled.new_zeros(*filled.shape[:-2], capacity, filled.shape[-1])
+        room[..., :filled.shape[-2], :] = filled
+        return room
+
+    def _show(self) -> None:
+        self.keys = self._keys[..., :self.filled, :]
+        self.values = self._values[..., :self.filled, :]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        new = key_states.shape[-2]
+        if self.filled + new > self._keys.shape[-2]:
+            capacity = 2 * (self.filled + new)
+            self._keys, self._values = self._room(self.keys, capacity), self._room(self.values, capacity)
+        self._keys[..., self.filled:self.filled + new, :] = key_states
+        self._values[..., self.filled:self.filled + new, :] = value_states
+        self.filled += new
+        self._show()
+        return self.keys, self.values
 
 
 def layout(cache) -> tuple:
@@ -34,12 +74,13 @@ def _own_mask(state: CacheState, rows: int, length: int, device) -> torch.Tensor
     return own
 
 
-def merge_caches(caches: list) -> DynamicCache:
-    """One cache whose rows are ``caches``' rows, in order, for decoding them as one batch.
+def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
+    """One cache whose rows are ``caches``' rows, in order, for decoding them as one batch, with room
+    for ``spare_tokens`` more tokens in every layer (it grows beyond that).
 
     Every cache must come from the same prefill inside ``snapkv.compress`` (same prompt length), and
     the result must be decoded inside that context. The given caches are emptied layer by layer as
-    they are merged, so memory holds one copy."""
+    they are merged, so memory holds one copy (and the room)."""
     states = [state_of(cache) for cache in caches]
     if not caches or any(state is None for state in states):
         raise InputError("caches: merge caches left by a prefill inside snapkv.compress")
@@ -64,7 +105,7 @@ def merge_caches(caches: list) -> DynamicCache:
         keys, values, mask = torch.cat(keys), torch.cat(values), torch.cat(real)
         first = sources[0]
         merged.layers.append(RepeatedKVLayer(keys, values, first.groups) if isinstance(first, RepeatedKVLayer)
-                             else filled_layer(keys, values))
+                             else GrowingLayer(keys, values, spare_tokens))
         masks.append(mask)
         padded = padded or not bool(mask.all())
     state = CacheState(pad_mask=None, next_positions=torch.cat([s.next_positions for s in states]),

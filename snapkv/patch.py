@@ -109,7 +109,8 @@ def set_state(cache, state: CacheState) -> None:
 
 def _check_cache(cache) -> None:
     ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
-        type(layer) in (DynamicLayer, RepeatedKVLayer) for layer in cache.layers)
+        type(layer) in (DynamicLayer, RepeatedKVLayer) or getattr(layer, "snapkv_layer", False)
+        for layer in cache.layers)
     if not ok:
         raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
                          "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")

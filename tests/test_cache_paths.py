@@ -159,3 +159,17 @@ def test_h2o_chunks_of_queries_and_heads_equal_the_one_shot_sum(monkeypatch, pad
     probs = torch.softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min), dim=-1) * mask[:, None, :, None]
     got = h2o.accumulated_attention(q, k, mask if padded else None)
     torch.testing.assert_close(got, probs.sum(dim=-2), rtol=1e-5, atol=1e-5)
+
+
+def test_h2o_chunks_in_bfloat16_round_once_as_the_one_shot_sum(monkeypatch):
+    """Chunk sums added in float32 and rounded once: the official bf16 one-shot sum, not a sum rounded
+    to bf16 after every chunk."""
+    import snapkv.methods.h2o as h2o
+    monkeypatch.setattr(h2o, "_QUERY_CHUNK", 32)
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 200, 16).bfloat16(), torch.randn(1, 2, 200, 16).bfloat16()
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)
+    scores = scores + torch.full((200, 200), torch.finfo(scores.dtype).min).triu(1).bfloat16()
+    official = torch.softmax(scores, dim=-1, dtype=torch.float32).to(torch.bfloat16).sum(dim=-2)
+    got = h2o.accumulated_attention(q, k)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, official)

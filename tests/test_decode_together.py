@@ -108,3 +108,16 @@ def test_cheapest_cuts():
 def test_foreign_caches_are_refused():
     with pytest.raises(snapkv.InputError, match="snapkv.compress"):
         snapkv.merge_caches([DynamicCache()])
+
+
+def test_a_merged_layer_writes_into_its_room_and_grows():
+    from snapkv.merge import GrowingLayer
+    keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    layer = GrowingLayer(keys, values, spare=2)
+    room = layer._keys
+    for step in range(4):
+        k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        keys, values = torch.cat([keys, k], -2), torch.cat([values, v], -2)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, keys) and torch.equal(got_v, values) and layer.get_seq_length() == 6 + step
+        assert (layer._keys is room) == (step < 2)  # written in place while the room lasts, then doubled

@@ -25,6 +25,7 @@ def test_smoke_runs_every_section(tmp_path):
     assert sections["exactness"]["result"]["all_selections_exact"]
     shared = sections["shared_prefill"]["result"]
     assert all(shared["tokens_equal_to_solo"].values())
+    assert shared["together_s"] > 0 and 0 <= shared["together_answers_differ"] <= len(shared["settings"])
     assert sections["long_context"]["result"]["longest_run"]
     frontier = sections["memory"]["result"]["frontier"]
     assert all(row["probes"] for row in frontier.values())

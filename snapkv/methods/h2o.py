@@ -8,8 +8,8 @@ the largest total among the earlier positions are kept with the last ``window`` 
 and no further eviction while decoding (the original H2O evicts at every step).
 ``accumulate="float32"`` sums in float32 instead (a deliberate deviation, more exact in half
 precision). The L x L attention is never held: queries are processed in chunks and only the column
-sums are kept (the chunked sum in the model dtype can differ from the official one-shot sum in the
-last bits).
+sums are kept, added in float32 and rounded to the model dtype once (the official one-shot sum
+rounds once too; the two can differ in the order of the float32 additions only).
 """
 from __future__ import annotations
 
@@ -33,12 +33,13 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     time; a chunk is scored against the keys up to its last query only, since later keys get an
     exact zero from the causal softmax, and only its diagonal block needs the causal mask. Every
     chunk's scores and probabilities go into two buffers allocated once (a fresh allocation of that
-    size would be new, page-faulted memory at every chunk)."""
+    size would be new, page-faulted memory at every chunk). The chunks' sums are added in float32 and
+    rounded to the model dtype once, as the official one-shot sum is (they can differ from it in the
+    order of the float32 additions only)."""
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
-    dtype = queries.dtype if accumulate == "model" else torch.float32
-    total = torch.zeros(b, n_kv, group, length, dtype=dtype, device=queries.device)
+    total = torch.zeros(b, n_kv, group, length, dtype=torch.float32, device=queries.device)
     size = b * group * min(_QUERY_CHUNK, length) * length
     scores_buffer = torch.empty(size, dtype=queries.dtype, device=queries.device)
     probs_buffer = torch.empty(size, dtype=torch.float32, device=queries.device)
@@ -59,11 +60,11 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
             probs = probs_buffer[:b * group * rows * end].view(b, group, rows, end)
             torch.softmax(scores, dim=-1, dtype=torch.float32, out=probs)
             if queries.dtype != torch.float32:  # the official cast back to the model dtype
-                probs = scores.copy_(probs).to(dtype)
+                probs = scores.copy_(probs)
             if pad_mask is not None:
                 probs = probs * pad_mask[:, None, start:end, None]
-            total[:, head, :, :end] += probs.sum(dim=-2)
-    return total.reshape(b, n_heads, length)
+            total[:, head, :, :end] += probs.sum(dim=-2, dtype=torch.float32)
+    return total.reshape(b, n_heads, length).to(queries.dtype if accumulate == "model" else torch.float32)
 
 
 @register
@@ -87,12 +88,12 @@ class H2OConfig(CompressorConfig):
         return aggregate_heads(votes[..., :-self.window].float(), keys.shape[1], self.gqa)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
-        """All L queries; one KV head's group of query heads scoring a chunk of rows at a time, scaled
-        and masked in place (the last chunk scores every key); the chunk's causal mask (bool); the
-        summed votes."""
-        from ..memory import softmax_bytes
+        """All L queries; the scores buffer (the model dtype) and the float32 probabilities buffer of one
+        KV head's group of query heads and a chunk of rows against every key (the last chunk's size),
+        a float32 copy of the probabilities where they are summed in float32 below float32, the chunk's
+        causal mask (bool, its diagonal block); the summed votes."""
         queries = batch * shape.heads * length * shape.head_dim * nbytes
         rows = min(length, _QUERY_CHUNK)
-        scores = batch * (shape.heads // shape.kv_heads) * rows * length * softmax_bytes(nbytes)
-        blocked = rows * length
-        return queries + scores + blocked + batch * shape.heads * length * 4 * 2
+        per_entry = nbytes + 4 + (4 if self.accumulate == "float32" and nbytes != 4 else 0)
+        scores = batch * (shape.heads // shape.kv_heads) * rows * length * per_entry
+        return queries + scores + rows * rows + batch * shape.heads * length * 4 * 2
