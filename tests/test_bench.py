@@ -300,3 +300,14 @@ def test_cpu_peaks_come_from_a_fresh_process_and_timings_from_this_one(monkeypat
     assert seen == [(1, False)]
     assert (row["prefill_s"], row["decode_s_per_token"], row["repeats"]) == (2.0, 0.5, 3)
     assert row["peak_above_model_bytes"] > 1000 and row["peak_memory_bytes"] > 1000   # the worker's
+
+
+def test_plan_only_prints_the_planner_without_weights(tmp_path):
+    from eval.bench.__main__ import run
+    rows = run(compose("bench", ["model=tiny-llama-32l", "bench.plan=true", "bench.measure=false",
+                                 "bench.plan_lengths=[4096,16384]", "bench.memory_gib=1", f"output_dir={tmp_path}"]))
+    assert rows == []
+    plan_rows = json.loads((tmp_path / "plan.json").read_text())
+    assert [r["input_tokens"] for r in plan_rows if "input_tokens" in r] == [4096, 16384, 4096, 16384]
+    fitting = {r["method"]: r["longest_fitting_tokens"] for r in plan_rows if "longest_fitting_tokens" in r}
+    assert fitting["full"] < fitting["snapkv"]

@@ -72,6 +72,37 @@ def _worker_row(model_cfg: dict, device: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def print_plan(cfg) -> list[dict]:
+    b, arch = cfg.bench, model_architecture(cfg.model)
+    compressor = _compressor_for_plan(cfg)
+    kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
+                  attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
+                  mlp_chunk=cfg.model.get("mlp_chunk"))
+    budget = int(float(b.memory_gib) * 2**30)
+    rows = []
+    for name, comp in (("full", None), (compressor.method, compressor)):
+        for length in b.plan_lengths:
+            p = plan(arch, int(length), comp, **kwargs)
+            rows.append({"method": name, "input_tokens": int(length), **p, "fits": p["peak_bytes"] <= budget})
+        rows.append({"method": name, "longest_fitting_tokens": longest_fitting(arch, budget, comp, **kwargs)})
+    print(f"memory plan: {cfg.model.name}, {kwargs}, {b.memory_gib} GiB")
+    for r in rows:
+        if "longest_fitting_tokens" in r:
+            print(f"  {r['method']:>10}: longest input that fits = {r['longest_fitting_tokens']} tokens")
+        else:
+            print(f"  {r['method']:>10} {r['input_tokens']:>8} tokens: peak {r['peak_bytes'] / 2**30:7.2f} GiB "
+                  f"(KV {r['kv_cache_bytes'] / 2**30:.2f}) {'fits' if r['fits'] else 'OOM'}")
+    return rows
+
+
+def _compressor_for_plan(cfg):
+    from ..hydra_app import make_compressor
+    comp = make_compressor(cfg.compressor)
+    if not comp.compresses:
+        comp = snapkv.SnapKVConfig(budget=int(cfg.bench.budgets[0]))
+    return comp
+
+
 def run_sweep(cfg: DictConfig) -> dict:
     """``bench.sweep.enabled``: solo runs of each setting against one shared prefill (``eval.bench.sweep``)."""
     import torch

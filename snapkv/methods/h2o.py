@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..config import CompressorConfig, check_choice, register
 from ..select import aggregate_heads, scale_scores
