@@ -32,7 +32,7 @@ BUDGETS = (64, 96, 128)
 CELLS = 24
 
 
-def sweep(folder, max_new_tokens=8):
+def sweep(folder, max_new_tokens=96):
     return [sys.executable, "-m", "eval.needle", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=cpu",
             "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2",
             "hydra.launcher.timeout_min=15", "model=tiny-llama", "compressor.window=8",
@@ -133,7 +133,7 @@ def test_a_shared_prefill_sweep_cancelled_midway_resumes(tmp_path):
     env = {**os.environ, "SNAPKV_BENCH_HOME": str(ROOT)}
     # long answers: the group job must still be running when SIGKILL follows the cancel (KillWait=5 s),
     # whatever the machine's speed (at 8 tokens a fast machine finishes all 24 cells within those 5 s)
-    command = [*sweep(tmp_path, max_new_tokens=96), "hydra/sweeper=shared_prefill", "compressor=full,snapkv"]
+    command = [*sweep(tmp_path), "hydra/sweeper=shared_prefill", "compressor=full,snapkv"]
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     cancelled = False
