@@ -1,0 +1,2 @@
+"""snapkv-bench evaluation tasks (LongBench, needle, RULER, ...) and their shared engine."""
+from . import resolvers  # noqa: F401  (the config resolvers, before any config is composed)

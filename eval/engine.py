@@ -51,6 +51,9 @@ class Prompt:
     stop_ids: list[int]
     min_new_tokens: int = 0
     fields: dict = field(default_factory=dict)
+    # the last ``question_tokens`` ids are the question part: with ``query_aware=false`` they are
+    # appended uncompressed after the compressed context (see ``eval.chat.encode_chat_split``)
+    question_tokens: int = 0
 
 
 class PredictionTask:
@@ -58,6 +61,7 @@ class PredictionTask:
 
     name = ""
     result_names: tuple = ()   # files or folders whose presence means a folder holds results
+    splits_question = False    # its prompts mark their question part (``Prompt.question_tokens``)
 
     def check(self, cfg) -> None:
         """Validate the task's fields (before any folder is claimed)."""
@@ -115,6 +119,9 @@ def job_settings(cfg) -> list[SettingRun]:
 
 def run(task: PredictionTask, cfg):
     """Run a prediction task job; returns ``{folder: result}`` for a group, the result for one setting."""
+    if not query_aware(cfg) and not task.splits_question:
+        raise InputError(f"query_aware=false is not allowed for {task.name}: its prompts have no question part to "
+                         "keep out of the compression; leave query_aware=true")
     task.check(cfg)
     runs = job_settings(cfg)
     items = task.items(cfg)
@@ -124,6 +131,8 @@ def run(task: PredictionTask, cfg):
         settings = fingerprint(one.cfg, task.settings(one.cfg))
         if together and len(runs) > 1:  # batched decoding may change a token: its records are not the exact ones
             settings["shared_prefill.decode_together"] = True
+        if not query_aware(cfg):
+            settings["query_aware"] = False
         claim(one.out, settings, cfg.resume, task.result_names)
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
@@ -161,7 +170,8 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
         prompt = task.prompt(item, model, tokenizer)
         for one in active:
             task.started(one, item, prompt)
-        generations = generate(runner, prompt, [one.compressor for one in active], decode_together(cfg))
+        question = 0 if query_aware(cfg) else asked_after(prompt, item)
+        generations = generate(runner, prompt, [one.compressor for one in active], decode_together(cfg), question)
         for one, gen in zip(active, generations):
             text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
                                                              skip_special_tokens=True)
@@ -175,6 +185,23 @@ def trim_stop(tokens: list[int], stop_ids) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
 
 
+def query_aware(cfg) -> bool:
+    """``query_aware`` (default true, the paper's protocol): the question is inside the compressed
+    prompt; false: it is appended after the context is compressed (kvpress's query-agnostic runs)."""
+    value = cfg.get("query_aware", True)
+    if not isinstance(value, bool):
+        raise InputError(f"query_aware={value!r} is not allowed; choose true or false")
+    return value
+
+
+def asked_after(prompt: Prompt, item) -> int:
+    """The question tokens to append after compression (``query_aware=false``)."""
+    if not 0 < prompt.question_tokens < len(prompt.ids):
+        raise InputError(f"query_aware=false: item {item.key!r} has no question part to split off "
+                         f"({prompt.question_tokens} of {len(prompt.ids)} tokens)")
+    return prompt.question_tokens
+
+
 def decode_together(cfg) -> bool:
     value = (cfg.get("shared_prefill") or {}).get("decode_together", False)
     if not isinstance(value, bool):
@@ -182,12 +209,13 @@ def decode_together(cfg) -> bool:
     return value
 
 
-def generate(runner, prompt: Prompt, compressors: list, together: bool = False) -> list[Generation | None]:
+def generate(runner, prompt: Prompt, compressors: list, together: bool = False,
+             question_tokens: int = 0) -> list[Generation | None]:
     """Each compressor's generation for one prompt (None: out of memory). Several compressors share
     one prefill (``together``: and decode as batches); when that runs out of memory each is retried
-    alone, as its solo run would be."""
+    alone, as its solo run would be. ``question_tokens``: the last ones are appended after compression."""
     ids = torch.tensor([prompt.ids])
-    kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens)
+    kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens, question_tokens=question_tokens)
     if len(compressors) > 1:
         try:
             return runner.generate_shared(ids, compressors, prompt.max_new_tokens, together=together, **kwargs)

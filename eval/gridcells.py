@@ -77,8 +77,9 @@ class GridTask(PredictionTask):
     def grid(self, cfg) -> tuple[list[int], list[float]]:
         raise NotImplementedError
 
-    def build(self, cell: Cell) -> tuple[list[int], dict]:
-        """The cell's prompt ids and the fields recorded with it."""
+    def build(self, cell: Cell) -> tuple[list[int], dict, int]:
+        """The cell's prompt ids, the fields recorded with it, and how many of the last ids are the
+        question part (``Prompt.question_tokens``; 0 where the task does not split its prompts)."""
         raise NotImplementedError
 
     def score(self, response: str, fields: dict) -> dict:
@@ -116,9 +117,10 @@ class GridTask(PredictionTask):
         if not hasattr(self, "_generation"):
             self._generation = self.generation(model, tokenizer)
         built = time.perf_counter()
-        ids, fields = self.build(item)
+        ids, fields, question = self.build(item)
         max_new, stops = self._generation
-        return Prompt(ids, max_new, stops, fields={**fields, "build_s": round(time.perf_counter() - built, 3)})
+        return Prompt(ids, max_new, stops, fields={**fields, "build_s": round(time.perf_counter() - built, 3)},
+                      question_tokens=question)
 
     def _cell(self, item: Cell, prompt: Prompt) -> dict:
         fields = {k: v for k, v in prompt.fields.items() if k != "build_s"}

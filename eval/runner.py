@@ -4,8 +4,6 @@ Every task (LongBench, needle, bench) goes through ``load_model`` and ``Runner.g
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
-
 import importlib.util
 import os
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 import torch
 
 import snapkv
+from snapkv.config import InputError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -211,29 +210,40 @@ class Runner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
-                 stop_ids=(), min_new_tokens: int = 0) -> Generation:
-        return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens)[0]
+                 stop_ids=(), min_new_tokens: int = 0, question_tokens: int = 0) -> Generation:
+        """Greedy decoding of one prompt under ``compressor``. ``question_tokens``: the last ones are
+        appended after the rest is prefilled and compressed, uncompressed, as a second turn of the same
+        cache (``query_aware=false``); their forward pass counts in ``decode_s``."""
+        return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens,
+                              question_tokens=question_tokens)[0]
 
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
-                        stop_ids=(), min_new_tokens: int = 0, together: bool = False) -> list[Generation]:
+                        stop_ids=(), min_new_tokens: int = 0, together: bool = False,
+                        question_tokens: int = 0) -> list[Generation]:
         """One prefill, then each compressor's greedy continuation from its own cache (one
         ``Generation`` per compressor, each what ``generate`` alone returns; ``prefill_s`` is the
         shared prefill's). ``together``: the settings decode as batches (``decode_batches``), which
         may change a token where batched arithmetic rounds differently; each ``decode_s`` is then its
         batch's."""
-        return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens, together)
+        return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens, together,
+                              question_tokens)
 
     @torch.inference_mode()
     def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
-                  together: bool = False):
+                  together: bool = False, question_tokens: int = 0):
         from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)
+        if not 0 <= question_tokens < input_ids.shape[1]:
+            raise InputError(f"question_tokens={question_tokens}: the prompt has {input_ids.shape[1]} tokens; "
+                             "at least one must come before the question")
+        split = input_ids.shape[1] - question_tokens
+        context, question = input_ids[:, :split], input_ids[:, split:]
         chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
         with snapkv.compress(model, list(compressors)) as session, chunk:
             _sync(self.device)
             start = time.perf_counter()
-            out = model(input_ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+            out = model(context, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
             first_logits = out.logits[:, -1]
             del out
             _sync(self.device)
@@ -246,14 +256,19 @@ class Runner:
             results = [None] * len(caches)
             for batch in batches:
                 start = time.perf_counter()
+                if question_tokens:  # the question, uncompressed, after each setting's compressed context
+                    logits = [model(question, cache=caches[i], use_cache=True, logits_to_keep=1).logits[:, -1]
+                              for i in batch]
+                else:
+                    logits = [first_logits.clone() for _ in batch]
                 if len(batch) == 1:
                     cache = caches[batch[0]]
-                    decoded = [self._decode(cache, first_logits.clone(), max_new_tokens, set(stop_ids),
-                                            min_new_tokens)]
+                    decoded = [self._decode(cache, logits[0], max_new_tokens, set(stop_ids), min_new_tokens)]
                 else:
                     cache = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens)
-                    decoded = self._decode_rows(cache, first_logits.repeat(len(batch), 1), len(batch),
+                    decoded = self._decode_rows(cache, torch.cat(logits), len(batch),
                                                 max_new_tokens, set(stop_ids), min_new_tokens)
+                del logits
                 _sync(self.device)
                 decode_s = time.perf_counter() - start
                 for i, tokens in zip(batch, decoded):

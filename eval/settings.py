@@ -42,6 +42,7 @@ HARMLESS = {
          "resume", "lock_wait_s", "output_dir",
          "shared_prefill",  # group: each setting goes to the folder of its solo run (the engine adds
                             # decode_together itself where it changes a record)
+         "query_aware",     # the engine adds it where false (folders made before it existed stay valid)
          "hydra"),          # Hydra's own node (in a composed config only)
     "model": ("name", "device_map", "mlp_chunk",  # mlp_chunk: the chunked MLP is exact
               "trained_context"),                 # a line on the needle heatmap
@@ -161,7 +162,7 @@ def claim(out: Path, settings: dict, resume: str, result_names) -> None:
         raise InputError(f"output_dir={out} holds results without {SETTINGS_FILE} (an older version made them), "
                          "so they cannot be checked against these settings; pass resume=restart (moves them to "
                          "a dated folder beside it) or another output_dir")
-    elif old is not None and old != settings:
+    elif old is not None and changed_fields(old, settings):  # a field added later, unset, equals its absence
         changes = "; ".join(changed_fields(old, settings))
         raise InputError(f"output_dir={out} holds results made with other settings ({changes}); pass "
                          "resume=restart (moves them to a dated folder beside it) or another output_dir")

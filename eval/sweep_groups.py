@@ -32,7 +32,7 @@ def unused_fields(method: str) -> set:
         build_config(method)  # fills the registry, or names the allowed methods
     cls = METHODS[method]
     used = {f.name for f in fields(cls)} - set(cls.derived) if cls().compresses else set()
-    return {"budget", "window", "kernel", "pooling", "gqa"} - used
+    return {"budget", "ratio", "window", "kernel", "pooling", "gqa"} - used
 
 
 @dataclass

@@ -28,12 +28,16 @@ class CompressorConfig:
     """Base of all method configs.
 
     ``budget`` is the number of tokens each head keeps after prefill, the always-kept recent
-    ``window`` included (as in the official SnapKV ``max_capacity_prompt``).
+    ``window`` included (as in the official SnapKV ``max_capacity_prompt``). ``ratio`` is the
+    alternative (kvpress's ``compression_ratio``): the fraction of a prompt's tokens removed, so a
+    prompt of ``n`` tokens keeps ``int(n * (1 - ratio))`` per head, the window included (at least
+    ``window + 1``); set exactly one of the two (``budget=None`` with a ratio).
     """
 
-    budget: int = 1024
+    budget: int | None = 1024
     window: int = 32
     gqa: str = "mean"
+    ratio: float | None = None
 
     method: ClassVar[str] = ""
     display_name: ClassVar[str] = ""
@@ -43,11 +47,29 @@ class CompressorConfig:
         self.validate()
 
     def validate(self) -> None:
-        check_int("budget", self.budget, 2)
         check_int("window", self.window, 1)
-        if self.budget <= self.window:
+        self.check_budget_or_ratio()
+        if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
         check_choice("gqa", self.gqa, GQA_MODES)
+
+    def check_budget_or_ratio(self) -> None:
+        if self.ratio is None:
+            check_int("budget", self.budget, 2)
+            return
+        if self.budget is not None:
+            raise InputError(f"budget={self.budget} and ratio={self.ratio}: set exactly one of the two "
+                             "(budget=null with a ratio)")
+        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio < 1:
+            raise InputError(f"ratio={self.ratio!r} must be a number in [0, 1): the fraction of the prompt removed")
+        self.ratio = float(self.ratio)
+
+    def budget_for(self, length: int) -> int:
+        """Tokens per head a prompt of ``length`` tokens keeps: ``budget``, or from ``ratio`` as kvpress
+        computes ``n_kept`` (never fewer than ``window + 1``, so something besides the window is chosen)."""
+        if self.ratio is None:
+            return self.budget
+        return max(int(length * (1 - self.ratio)), self.window + 1)
 
     @property
     def compresses(self) -> bool:
@@ -56,9 +78,9 @@ class CompressorConfig:
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         """Tokens kept per head at ``layer_idx`` for a prompt of ``length`` tokens (uniform unless a
         method says otherwise; a layer whose budget is at least ``length`` is left untouched)."""
-        return self.budget
+        return self.budget_for(length)
 
-    def recent_window(self, layer_idx: int, num_layers: int) -> int:
+    def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
         """The most recent prompt tokens every head keeps unconditionally."""
         return self.window
 
@@ -84,8 +106,9 @@ class CompressorConfig:
         if not self.compresses:
             return name
         changed = [f"{f.name} {getattr(self, f.name)}" for f in fields(self)
-                   if f.name not in ("budget", *self.derived) and getattr(self, f.name) != f.default]
-        return f"{name} {self.budget}" + (f" ({', '.join(changed)})" if changed else "")
+                   if f.name not in ("budget", "ratio", *self.derived) and getattr(self, f.name) != f.default]
+        size = f"{self.budget}" if self.ratio is None else f"ratio {self.ratio:g}"
+        return f"{name} {size}" + (f" ({', '.join(changed)})" if changed else "")
 
     def describe(self) -> dict:
         out = {"method": self.method}
@@ -113,7 +136,7 @@ def build_config(method: str, **values) -> CompressorConfig:
     check_choice("compressor.method", method, sorted(METHODS))
     cls = METHODS[method]
     known = {f.name for f in fields(cls)}
-    shared = {"budget", "window", "kernel", "pooling", "gqa"}
+    shared = {"budget", "ratio", "window", "kernel", "pooling", "gqa"}
     unknown = set(values) - known - shared
     if unknown:
         raise InputError(

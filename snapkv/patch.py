@@ -129,7 +129,7 @@ class CompressionSession:
         check_supported(model)
         limit = getattr(model.config, "max_position_embeddings", None)
         for one in cfgs:
-            if one.compresses and limit and one.budget > limit:
+            if one.compresses and limit and one.ratio is None and one.budget > limit:
                 raise InputError(f"budget={one.budget} is larger than the model's context "
                                  f"(max_position_embeddings={limit})")
         self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
@@ -212,8 +212,9 @@ class CompressionSession:
             self.state = state
             self.caches = [cache] + [sibling for sibling, _ in state.siblings]
             return None
-        if not state.compressed:
+        if not state.compressed:  # e.g. full KV, or a prompt within the budget: a plain cache
             state.consumed += q_len
+            state.next_positions = state.next_positions + q_len
             return None
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
@@ -337,7 +338,7 @@ class CompressionSession:
                 cache.layers[idx] = filled_layer(keys, values)
             state.cache_lengths[idx] = length
             return
-        window = cfg.recent_window(idx, ctx.num_layers)
+        window = cfg.recent_window(idx, ctx.num_layers, length)
         pad_mask = state.pad_mask
         if ctx.hidden_states.shape[1] < window:
             raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "

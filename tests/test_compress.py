@@ -157,3 +157,13 @@ def test_budget_larger_than_context_is_an_error():
     model = tiny_model("llama-gqa", max_position_embeddings=256)
     with pytest.raises(ValueError, match="budget=512.*max_position_embeddings=256"):
         snapkv.compress(model, snapkv.SnapKVConfig(budget=512)).__enter__()
+
+
+def test_a_ratio_compresses_each_prompt_to_its_fraction():
+    model = tiny_model("llama-gqa")
+    cfg = snapkv.SnapKVConfig(budget=None, ratio=0.6, window=8)
+    for n in (100, 151):
+        ids = torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+        with snapkv.compress(model, cfg) as session, torch.no_grad():
+            model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        assert session.cache_lengths == [int(n * 0.4)] * model.config.num_hidden_layers

@@ -94,3 +94,46 @@ def test_streamingllm_window_is_derived():
     assert cfg.window == 96
     with pytest.raises(ValueError, match="sink_tokens"):
         snapkv.StreamingLLMConfig(budget=4, sink_tokens=4)
+
+
+# -- budgets as a fraction (compressor.ratio, kvpress's compression_ratio) ---------------------------
+@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "h2o", "random", "streamingllm"])
+def test_a_ratio_keeps_the_fraction_kvpress_keeps(method):
+    cfg = snapkv.build_config(method, budget=None, ratio=0.75)
+    assert cfg.budget_for(1000) == 250 and cfg.budget_for(4097) == int(4097 * 0.25)
+    assert cfg.label().split(" ")[1:3] == ["ratio", "0.75"]
+    if method != "pyramidkv":
+        assert [cfg.layer_budget(i, 4, 1000) for i in range(4)] == [250] * 4
+    assert cfg.budget_for(10) == cfg.recent_window(0, 4, 10) + (cfg.sink_tokens if method == "streamingllm" else 1)
+
+
+def test_pyramidkv_with_a_ratio_is_pyramidkv_at_that_prompts_budget():
+    by_ratio = snapkv.PyramidKVConfig(budget=None, ratio=0.75)
+    by_budget = snapkv.PyramidKVConfig(budget=4000)
+    assert [by_ratio.layer_budget(i, 32, 16000) for i in range(32)] == \
+        [by_budget.layer_budget(i, 32, 16000) for i in range(32)]
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(budget=1024, ratio=0.5), "set exactly one of the two"),
+    (dict(budget=None, ratio=1.0), r"ratio=1.0 must be a number in \[0, 1\)"),
+    (dict(budget=None, ratio="half"), "ratio='half' must be a number"),
+    (dict(budget=None, ratio=None), "budget=None must be an integer"),
+])
+def test_budget_and_ratio_are_one_or_the_other(values, message):
+    with pytest.raises(snapkv.InputError, match=message):
+        snapkv.SnapKVConfig(**values)
+    with pytest.raises(snapkv.InputError, match="ratio=0.5: full KV keeps every token"):
+        snapkv.FullConfig(ratio=0.5)
+
+
+def test_a_ratio_on_the_command_line_replaces_the_default_budget():
+    from conftest import compose
+    cfg = compose("longbench", ["compressor.ratio=0.5"])
+    assert cfg.compressor.budget is None and cfg.compressor.tag == "snapkv-r0.5-w32-k7-maxpool-mean"
+    assert compose("longbench", ["compressor=streamingllm", "compressor.ratio=0.25"]).compressor.tag == \
+        "streamingllm-r0.25-s4"
+    both = compose("longbench", ["compressor.ratio=0.5", "compressor.budget=2048"])
+    from eval.hydra_app import make_compressor
+    with pytest.raises(snapkv.InputError, match="budget=2048 and ratio=0.5: set exactly one"):
+        make_compressor(both.compressor)

@@ -12,11 +12,11 @@ SNAPKV_1024 = {"method": "snapkv", "budget": 1024, "window": 32, "kernel": 7, "p
                "tag": "snapkv-b1024"}
 
 
-def fake_run(root, model_cfg, compressor, scores, summary=None, name=None):
+def fake_run(root, model_cfg, compressor, scores, summary=None, name=None, query_aware=True):
     run = root / "longbench" / model_cfg["name"] / (name or compressor["tag"])
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"task": "longbench", "model": model_cfg,
-                                                     "compressor": compressor}))
+                                                     "compressor": compressor, "query_aware": query_aware}))
     (run / "result.json").write_text(json.dumps(scores))
     if summary:
         (run / "summary.json").write_text(json.dumps(summary))
@@ -65,6 +65,19 @@ def test_runs_with_other_settings_go_to_the_ablation_table(tmp_path):
     ablation = rows_of(out / "table_ablation.md", "| ")[1:]
     assert sorted(l[3] for l in ablation) == ["1.00", "2.00", "3.00", "4.00"]
     assert not rows_of(out / "table1.md")                        # no lwm run matches the paper
+
+
+def test_query_agnostic_runs_sit_beside_query_aware_ones_outside_table1(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs, PAPER_MODEL_CFG, SNAPKV_1024, {"narrativeqa": 20.0})
+    fake_run(runs, PAPER_MODEL_CFG, SNAPKV_1024, {"narrativeqa": 7.0}, name="agnostic", query_aware=False)
+    fake_run(runs, PAPER_MODEL_CFG, {**SNAPKV_1024, "budget": None, "ratio": 0.5, "tag": "r0.5"},
+             {"narrativeqa": 9.0})
+    out = report(tmp_path)
+    assert [l[1] for l in rows_of(out / "table1.md") if l[2] == "ours"] == ["SnapKV 1024"]
+    ablation = {l[1]: l[3] for l in rows_of(out / "table_ablation.md")}
+    assert ablation == {"SnapKV 1024 · query-agnostic": "7.00", "SnapKV ratio 0.5": "9.00"}
+    assert (out / "budget_curve.png").exists()
 
 
 def test_cells_from_fewer_rows_than_the_dataset_are_marked(tmp_path):

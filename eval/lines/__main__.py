@@ -58,7 +58,7 @@ class LinesGrid(GridTask):
 
     def build(self, cell):
         ids, asked, index, count = self.prompts.build(cell.length, cell.depth)
-        return ids, {"lines": count, "asked_line": index, "key": asked.key, "expected": asked.value}
+        return ids, {"lines": count, "asked_line": index, "key": asked.key, "expected": asked.value}, 0
 
     def score(self, response, fields):
         return {"score": exact_value(response, fields["expected"])}

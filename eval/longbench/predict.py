@@ -9,7 +9,7 @@ from ..chat import stop_token_ids
 from ..engine import PredictionTask, Prompt, SettingRun
 from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
 from .data import check_dataset, data_source, dataset_file, file_digest, read_dataset
-from .prompt import PROTOCOLS, build_input_ids, check_protocol, extra_stop_ids, generation_length, min_new_tokens
+from .prompt import PROTOCOLS, build_split_ids, check_protocol, extra_stop_ids, generation_length, min_new_tokens
 from snapkv.config import InputError
 
 
@@ -81,6 +81,7 @@ class LongBenchTask(PredictionTask):
 
     name = "longbench"
     result_names = ("pred", "pred_e")
+    splits_question = True
 
     def check(self, cfg) -> None:
         lb = cfg.longbench
@@ -118,9 +119,9 @@ class LongBenchTask(PredictionTask):
         dataset = item.dataset
         if dataset not in self._stops:
             self._stops[dataset] = stop_token_ids(model, tokenizer) + extra_stop_ids(tokenizer, dataset)
-        ids = build_input_ids(tokenizer, item.row, dataset, int(cfg.max_length), cfg.chat_format)
+        ids, question = build_split_ids(tokenizer, item.row, dataset, int(cfg.max_length), cfg.chat_format)
         return Prompt(ids, generation_length(dataset, self.lb.max_new_tokens), self._stops[dataset],
-                      min_new_tokens(dataset, cfg.protocol))
+                      min_new_tokens(dataset, cfg.protocol), question_tokens=question)
 
     def record(self, run: SettingRun, item: Row, prompt: Prompt, generation, text) -> None:
         row = item.row

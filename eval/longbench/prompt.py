@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..chat import encode_chat
+from ..chat import encode_chat, encode_chat_split
 from .metrics import base_dataset
 from snapkv.config import InputError
 
@@ -42,6 +42,26 @@ def build_input_ids(tokenizer, row: dict, dataset: str, max_length: int, chat_fo
     if name in NO_CHAT_DATASETS:
         return tokenizer(prompt, truncation=False).input_ids
     return encode_chat(tokenizer, prompt, chat_format)
+
+
+def question_part(dataset: str, row: dict) -> str:
+    """The prompt's text after the context: every template puts ``{context}`` before the question
+    (text before the context, an instruction, stays with it)."""
+    template = PROMPTS[base_dataset(dataset)]
+    return template[template.index("{context}") + len("{context}"):].format(**row)
+
+
+def build_split_ids(tokenizer, row: dict, dataset: str, max_length: int, chat_format: str) -> tuple[list[int], int]:
+    """``(ids, question_tokens)``: ``build_input_ids``' ids and how many of the last ones are the
+    question part (``query_aware=false`` appends them after the compressed context)."""
+    name = base_dataset(dataset)
+    prompt = middle_truncate(tokenizer, PROMPTS[name].format(**row), max_length)
+    question = question_part(dataset, row)
+    if not prompt.endswith(question):
+        raise InputError(f"longbench {dataset} row {row.get('_id')}: the truncated prompt does not end with its "
+                         "question part, so it cannot be split; use query_aware=true")
+    return encode_chat_split(tokenizer, prompt, "none" if name in NO_CHAT_DATASETS else chat_format,
+                             len(prompt) - len(question))
 
 
 PROTOCOLS = {"longbench": "THUDM/LongBench LongBench/pred.py",

@@ -15,7 +15,7 @@ from .. import engine
 from ..gridcells import GridTask, key
 from ..hydra_app import CONFIG_PATH, output_dir, resolve_device, run_guarded, typed_text
 from ..jsonl import read_records
-from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_ids, \
+from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_split_ids, \
     sentence_end_ids
 from .grid import depths_from, lengths_from, numbers
 from .haystack import haystack_tokens
@@ -91,6 +91,7 @@ class NeedleGrid(GridTask):
     section = "needle"
     results_file = "needle.jsonl"
     result_names = ("needle.jsonl",)
+    splits_question = True
 
     def check(self, cfg) -> None:
         self.task = read_task(cfg)
@@ -122,8 +123,9 @@ class NeedleGrid(GridTask):
         haystack = self.stream[: cell.length - self.overhead]
         context, points = insert_needles(tokenizer, haystack, task.needles,
                                          needle_depths(cell.depth, len(task.needles)), self.ends)
-        ids = prompt_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
-        return ids, {"needle_token_position": points[0], "depth_achieved": round(100 * points[0] / len(haystack), 2)}
+        ids, question = prompt_split_ids(tokenizer, context, task.question, task.chat_format, task.prompt)
+        return ids, {"needle_token_position": points[0],
+                     "depth_achieved": round(100 * points[0] / len(haystack), 2)}, question
 
     def score(self, response, fields):
         scores = cell_scores(response, self.task.needles)

@@ -5,7 +5,7 @@ from snapkv.config import InputError
 
 from dataclasses import dataclass
 
-from ..chat import encode_chat
+from ..chat import encode_chat, encode_chat_split
 
 PROMPTS = {
     # written for this project: the question after the document, inside the observation window
@@ -64,6 +64,16 @@ def check_prompt(name: str) -> str:
 def prompt_ids(tokenizer, context: str, question: str, chat_format: str, prompt: str = "plain") -> list[int]:
     return encode_chat(tokenizer, PROMPTS[check_prompt(prompt)].format(context=context, question=question),
                        chat_format)
+
+
+def prompt_split_ids(tokenizer, context: str, question: str, chat_format: str,
+                     prompt: str = "plain") -> tuple[list[int], int]:
+    """``prompt_ids``' ids and how many of the last ones are the question part: the template's text
+    after ``{context}`` (the retrieval question and what frames it), and the chat wrapper's end."""
+    template = PROMPTS[check_prompt(prompt)]
+    head = template[:template.index("{context}")].format(context=context, question=question)
+    return encode_chat_split(tokenizer, template.format(context=context, question=question), chat_format,
+                             len(head) + len(context))
 
 
 def overhead_tokens(tokenizer, needles: list[Needle], question: str, chat_format: str, prompt: str = "plain") -> int:

@@ -26,6 +26,12 @@ def label_of(compressor: dict) -> str:
         return compressor.get("tag", compressor.get("method", "?"))
 
 
+def run_label(cfg: dict) -> str:
+    """A run's label: its compressor's, marked where the question was appended after compression."""
+    label = label_of(cfg.get("compressor", {}))
+    return label if cfg.get("query_aware", True) else f"{label} · query-agnostic"
+
+
 def run_name(root: Path, run: Path) -> str:
     """A file-name part unique within one report: the run's folder below the report's root."""
     parts = run.relative_to(root).parts if run != root else (run.name,)
@@ -43,7 +49,8 @@ def longbench_runs(root: Path) -> list[dict]:
         summary = run / "summary.json"
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
                      "tag": cfg["compressor"].get("tag", method), "compressor": cfg["compressor"],
-                     "label": label_of(cfg["compressor"]), "name": run_name(root, run),
+                     "label": run_label(cfg), "query_aware": cfg.get("query_aware", True),
+                     "name": run_name(root, run),
                      "model_cfg": cfg["model"], "scores": json.loads(result.read_text()),
                      "summary": json.loads(summary.read_text()) if summary.exists() else {}})
     return runs
@@ -57,7 +64,7 @@ def needle_runs(root: Path, results: str = "needle.jsonl") -> list[dict]:
         cfg = _config(cells.parent)
         runs.append({"run": cells.parent, "model": cfg.get("model", {}).get("name", "?"),
                      "tag": cfg.get("compressor", {}).get("tag", "?"), "name": run_name(root, cells.parent),
-                     "label": label_of(cfg.get("compressor", {})),
+                     "label": run_label(cfg),
                      "trained_context": cfg.get("model", {}).get("trained_context"), "cells": read_records(cells)})
     return runs
 

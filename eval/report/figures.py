@@ -33,7 +33,9 @@ def budget_curves(runs: list[dict], out: Path) -> list[Path]:
             if not isinstance(score, (int, float)):
                 continue
             if r["method"] == "full":
-                ax.axhline(score, linestyle="--", color="black", linewidth=1, label=f"{r['model']} full")
+                ax.axhline(score, linestyle="--", color="black", linewidth=1, label=f"{r['model']} {r['label']}")
+                continue
+            if r["budget"] is None:  # a budget given as a ratio has no point on the token axis
                 continue
             setting = re.sub(r" \d+", "", r["label"], count=1)  # one line per setting, the budget on the x axis
             name = f"{r['model']} {setting}"

@@ -32,6 +32,8 @@ def paper_setting(run: dict) -> tuple[str, str] | None:
     model, comp, model_cfg = run["model"], run["compressor"], run.get("model_cfg", {})
     if model not in PAPER_MODEL or model_cfg.get("protocol") != "snapkv" or model_cfg.get("dtype") != "float16":
         return None
+    if not run.get("query_aware", True):  # the paper compressed the whole prompt, question included
+        return None
     method, budget = run["method"], run["budget"]
     if method == "full":
         return PAPER_MODEL[model], "AllKV"

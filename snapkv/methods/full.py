@@ -15,8 +15,9 @@ class FullConfig(CompressorConfig):
     window: int = 0
 
     def validate(self) -> None:
-        if self.budget is not None:
-            raise InputError(f"budget={self.budget!r}: full KV keeps every token; leave budget unset (null)")
+        for name in ("budget", "ratio"):
+            if getattr(self, name) is not None:
+                raise InputError(f"{name}={getattr(self, name)!r}: full KV keeps every token; leave {name} unset (null)")
 
     @property
     def compresses(self) -> bool:

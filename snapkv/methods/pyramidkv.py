@@ -29,11 +29,12 @@ class PyramidKVConfig(SnapKVConfig):
         check_int("beta", self.beta, 1)
 
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
-        capacity = self.budget - self.window
-        if length < self.budget:
+        budget = self.budget_for(length)
+        capacity = budget - self.window
+        if length < budget:
             return length
         if length < 2 * capacity:
-            return self.budget
+            return budget
         smallest = capacity // self.beta
         largest = 2 * capacity - smallest
         if largest >= length - self.window:

@@ -25,16 +25,27 @@ class StreamingLLMConfig(CompressorConfig):
     window: int = 0  # derived: budget - sink_tokens
 
     def validate(self) -> None:
-        check_int("budget", self.budget, 2)
         check_int("sink_tokens", self.sink_tokens, 1)
-        if self.sink_tokens >= self.budget:
-            raise InputError(f"sink_tokens={self.sink_tokens} must be smaller than budget={self.budget}")
-        self.window = self.budget - self.sink_tokens
+        self.check_budget_or_ratio()
+        if self.ratio is None:
+            if self.sink_tokens >= self.budget:
+                raise InputError(f"sink_tokens={self.sink_tokens} must be smaller than budget={self.budget}")
+            self.window = self.budget - self.sink_tokens
+        else:
+            self.window = 0
+
+    def budget_for(self, length: int) -> int:
+        if self.ratio is None:
+            return self.budget
+        return max(int(length * (1 - self.ratio)), self.sink_tokens + 1)
+
+    def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
+        return self.budget_for(length) - self.sink_tokens
 
     def score(self, ctx):
         keys = ctx.keys
         b, n_kv, length, _ = keys.shape
-        n = length - self.window
+        n = length - self.recent_window(ctx.layer_idx, ctx.num_layers, length)
         if ctx.pad_mask is None:
             first_real = torch.zeros(b, 1, dtype=torch.long, device=keys.device)
         else:
