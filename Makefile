@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_WHEELS ?= /opt/wheels
 
-.PHONY: setup test test-fast demo longbench needle observe bench tables slurm-local clean
+.PHONY: setup test test-fast demo longbench longbench_v2 needle observe bench tables slurm-local clean
 
 setup: $(VENV)/.ready
 
@@ -40,6 +40,9 @@ demo: setup
 # With MODEL: the task on that model (LongBench: the paper's 16 datasets; needle: the paper's run).
 longbench: setup
 	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.longbench experiment=demo $(ARGS),bash scripts/demo.sh longbench),$(PY) -m eval.longbench model=$(MODEL) $(ARGS))
+
+longbench_v2: setup
+	$(PY) -m eval.longbench_v2 model=$(MODEL) $(ARGS)
 
 needle: setup
 	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.needle experiment=demo $(ARGS),bash scripts/demo.sh needle),$(PY) -m eval.needle model=$(MODEL) experiment=paper_needle $(ARGS))

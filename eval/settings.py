@@ -32,7 +32,7 @@ RESUME_MODES = ("auto", "restart")
 
 # The sections of the tasks; a config holds the others' too (an experiment sets several), and only
 # the running task's section counts.
-TASK_SECTIONS = ("longbench", "needle", "lines", "observe", "bench", "report")
+TASK_SECTIONS = ("longbench", "longbench_v2", "ruler", "needle", "lines", "observe", "bench", "report")
 _GRID = ("lengths", "grid", "min_length", "max_length", "num_lengths", "depths", "num_depths")
 
 # Fields that cannot change an output, by section ("": the top level).
@@ -48,6 +48,8 @@ HARMLESS = {
               "trained_context"),                 # a line on the needle heatmap
     "longbench": ("datasets",  # each dataset is its own file, its data checked by datasets.json
                   "limit", "retry_oom"),
+    # cot picks the prediction file (pred/0shot.jsonl or pred/0shot_cot.jsonl), like longbench.datasets
+    "longbench_v2": ("limit", "retry_oom", "cot"),
     # cells are keyed by (length, depth) and do not depend on each other, so a grid can be extended
     "needle": _GRID + ("skip_after_oom", "retry_oom", "retry_failed", "dry_run", "memory_gib",
                        "full_kv_frontier"),  # the heatmap's dashed line
@@ -62,6 +64,7 @@ HARMLESS = {
 # Fields that change an output but count through a value the task derives from them (its settings).
 DERIVED = {
     "longbench": ("data_dir", "revision"),              # longbench.data_source
+    "longbench_v2": ("data_file", "revision"),          # longbench_v2.data_source
     "needle": ("needle", "answer", "extra_needles"),    # needle.needles
     "bench": ("memory_gib", "frontier_min", "frontier_resolution"),  # added by bench with frontier=true
 }

@@ -11,6 +11,8 @@ MODELS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf"
 CONFIGS = [("longbench", [f"model={m}"]) for m in MODELS] + [
     ("longbench", ["experiment=paper_table1", "model=mistral-7b-instruct-v0.2", "+table1=h2o-4096"]),
     ("longbench", ["experiment=demo", "compressor=pyramidkv"]),
+    ("longbench_v2", ["model=tiny-llama"]),
+    ("longbench_v2", ["longbench_v2.cot=true", "experiment=demo"]),
     ("needle", ["compressor=streamingllm"]),
     ("needle", ["experiment=paper_needle", "needle.haystack=noise"]),
     ("lines", ["experiment=paper_pooling", "compressor=random"]),
@@ -24,6 +26,9 @@ def derived_settings(cfg) -> dict:
     """What each task passes to ``fingerprint`` (bench passes its own, left-out fields only)."""
     if cfg.task == "longbench":
         from eval.longbench.predict import task_settings
+        return task_settings(cfg)
+    if cfg.task == "longbench_v2":
+        from eval.longbench_v2.predict import task_settings
         return task_settings(cfg)
     if cfg.task == "needle":
         from eval.needle.__main__ import read_task, task_settings
