@@ -48,11 +48,12 @@ def encode_chat(tokenizer, prompt: str, chat_format: str) -> list[int]:
     return tokenizer(text, add_special_tokens=special).input_ids
 
 
-def encode_chat_split(tokenizer, prompt: str, chat_format: str, question_at: int) -> tuple[list[int], int]:
-    """``(ids, question_tokens)``: the ids ``encode_chat`` gives, and how many of the last ones hold
-    the question part, ``prompt[question_at:]`` and whatever the wrapper adds after the prompt (with
-    ``query_aware=false`` they are appended uncompressed after the compressed context). A token that
-    straddles the boundary goes with the question, so the context part never holds question text."""
+def encode_chat_split(tokenizer, prompt: str, chat_format: str, question_at: int,
+                      suffix: str = "") -> tuple[list[int], int]:
+    """``(ids, question_tokens)``: the ids ``encode_chat`` gives (``suffix`` appended after the
+    wrapper, e.g. RULER's answer prefix), and how many of the last ones hold the question part,
+    ``prompt[question_at:]`` and whatever the wrapper adds after the prompt (with
+    ``query_aware=false`` they are appended uncompressed after the compressed context)."""
     if not 0 <= question_at <= len(prompt):
         raise ValueError(f"question_at={question_at} is outside the prompt ({len(prompt)} characters)")
     text, special = format_chat(tokenizer, prompt, chat_format)
@@ -62,7 +63,14 @@ def encode_chat_split(tokenizer, prompt: str, chat_format: str, question_at: int
     if boundary < 0:
         raise InputError(f"model.chat_format={chat_format!r}: the wrapped prompt does not contain the question "
                          "part as written, so it cannot be split; use query_aware=true")
-    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    return split_at(tokenizer, text + suffix, special, boundary)
+
+
+def split_at(tokenizer, text: str, add_special_tokens: bool, boundary: int) -> tuple[list[int], int]:
+    """``(ids, question_tokens)`` of ``text``: the tokens from the one that ends past character
+    ``boundary`` on are the question part. A token that straddles the boundary goes with the
+    question, so the context part never holds question text."""
+    encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     ids, offsets = list(encoded.input_ids), encoded.offset_mapping
     # special tokens (BOS) have empty spans at 0; the first token ending past the boundary starts the question
     first = next((i for i, (lo, hi) in enumerate(offsets) if hi > boundary and hi > lo), len(ids))

@@ -48,6 +48,8 @@ HARMLESS = {
               "trained_context"),                 # a line on the needle heatmap
     "longbench": ("datasets",  # each dataset is its own file, its data checked by datasets.json
                   "limit", "retry_oom"),
+    # a (length, task) is its own file and sample i does not depend on the count; export writes no results
+    "ruler": ("tasks", "lengths", "samples", "export", "retry_oom"),
     # cot picks the prediction file (pred/0shot.jsonl or pred/0shot_cot.jsonl), like longbench.datasets
     "longbench_v2": ("limit", "retry_oom", "cot"),
     # cells are keyed by (length, depth) and do not depend on each other, so a grid can be extended

@@ -12,6 +12,7 @@ CONFIGS = [("longbench", [f"model={m}"]) for m in MODELS] + [
     ("longbench", ["experiment=paper_table1", "model=mistral-7b-instruct-v0.2", "+table1=h2o-4096"]),
     ("longbench", ["experiment=demo", "compressor=pyramidkv"]),
     ("longbench_v2", ["model=tiny-llama"]),
+    ("ruler", ["model=tiny-llama", "query_aware=false"]),
     ("longbench_v2", ["longbench_v2.cot=true", "experiment=demo"]),
     ("needle", ["compressor=streamingllm"]),
     ("needle", ["experiment=paper_needle", "needle.haystack=noise"]),
