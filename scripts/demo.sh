@@ -3,7 +3,7 @@
 # a budget x pooling sweep on bundled LongBench rows, a needle grid for full KV vs SnapKV vs
 # StreamingLLM, the observation-window hit rates, a speed/memory benchmark, then tables and
 # figures under results/demo/.
-#   bash scripts/demo.sh [all|longbench|needle|observe|bench]   (make demo = all; make longbench,
+#   bash scripts/demo.sh [all|longbench|needle|ruler|observe|bench]   (make demo = all; make longbench,
 #   make needle and make observe without MODEL run their part, with a report of that part under
 #   results/report/demo-<part>/)
 set -euo pipefail
@@ -22,6 +22,10 @@ longbench() {
 needle() {
   $PY -m eval.needle -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv,streamingllm \
       compressor.budget=256 hydra.sweep.dir=$RUNS/needle
+}
+ruler() {  # query-aware and not: two jobs (the prefills differ), each sharing its prefill
+  $PY -m eval.ruler -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv \
+      compressor.budget=256 query_aware=true,false hydra.sweep.dir=$RUNS/ruler
 }
 observe() {
   $PY -m eval.observe experiment=demo hydra.run.dir=$RUNS/observe/smollm2-135m
@@ -44,9 +48,9 @@ $PY -c "import time, torch; a = torch.randn(2048, 2048); a @ a; t = time.perf_co
 print(f'machine: {5 * 2 * 2048**3 / (time.perf_counter() - t) / 1e9:.0f} GFLOPS float32 matmul on {torch.get_num_threads()} threads')"
 
 case "$PART" in
-  all) timed longbench; timed needle; timed observe; timed bench; timed report $RUNS results/demo "make demo" ;;
-  longbench|needle|observe|bench) timed $PART; timed report $RUNS/$PART results/report/demo-$PART "make $PART" ;;
-  *) echo "usage: scripts/demo.sh [all|longbench|needle|observe|bench]" >&2; exit 2 ;;
+  all) timed longbench; timed needle; timed ruler; timed observe; timed bench; timed report $RUNS results/demo "make demo" ;;
+  longbench|needle|ruler|observe|bench) timed $PART; timed report $RUNS/$PART results/report/demo-$PART "make $PART" ;;
+  *) echo "usage: scripts/demo.sh [all|longbench|needle|ruler|observe|bench]" >&2; exit 2 ;;
 esac
 printf 'time per part: %s\n' "$(IFS=';'; echo "${TIMES[*]}")"
 echo "demo ($PART) done"

@@ -129,3 +129,20 @@ def test_report_is_byte_identical_on_the_same_runs(tmp_path):
         digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((tmp_path / out).rglob("*"))
                         if p.is_file()})
     assert digests[0] == digests[1] and any(name.endswith(".pdf") for name in digests[0])
+
+
+def test_ruler_runs_get_their_tables_and_budget_curve(tmp_path):
+    runs = tmp_path / "runs"
+    for tag, compressor, query_aware, avg in [("full", {"method": "full", "budget": None}, True, 90.0),
+                                              ("snap", SNAPKV_1024, True, 80.0), ("snap-qa", SNAPKV_1024, False, 40.0)]:
+        run = runs / "ruler" / "m" / tag
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
+                                                         "compressor": compressor, "query_aware": query_aware}))
+        (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": avg}, "average": avg,
+                                                              "complete": False, "counts": {}}}))
+    out = report(tmp_path)
+    md = (out / "ruler.md").read_text()
+    assert "| m | FullKV | 90.00 (1/13) |" in md and "| m | SnapKV 1024 · query-agnostic | 40.00 (1/13) |" in md
+    assert "| m | SnapKV 1024 | vt | 80.00 |" in md
+    assert (out / "ruler.csv").exists() and (out / "ruler_budget_curve.png").exists()

@@ -9,8 +9,9 @@ from omegaconf import DictConfig
 import snapkv
 
 from ..hydra_app import CONFIG_PATH, run_guarded
-from .collect import bench_runs, longbench_runs, needle_runs, observe_runs
+from .collect import bench_runs, longbench_runs, needle_runs, observe_runs, ruler_runs
 from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
+from .ruler import write_ruler_tables
 from .table1 import write_tables
 from snapkv.config import InputError
 
@@ -25,6 +26,9 @@ def run(cfg: DictConfig):
     if lb:
         written += write_tables(lb, out, list(snapkv.METHODS))
         written += budget_curves(lb, out)
+    ruler = ruler_runs(root)
+    written += write_ruler_tables(ruler, out)
+    written += budget_curves(ruler, out, "ruler_budget_curve") if ruler else []
     needles, benches = needle_runs(root), bench_runs(root)
     written += needle_report(needles, out, full_kv_frontiers(needles, benches))
     written += needle_report(needle_runs(root, "lines.jsonl"), out, kind="lines")

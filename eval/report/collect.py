@@ -88,3 +88,20 @@ def observe_runs(root: Path) -> list[dict]:
             runs.append({"run": path.parent, "model": cfg.get("model", {}).get("name", "?"),
                          "name": run_name(root, path.parent), "observe": cfg.get("observe", {}), "samples": samples})
     return runs
+
+
+def ruler_runs(root: Path) -> list[dict]:
+    """RULER runs: ``scores`` maps each length to its task average (for the budget curve),
+    ``by_length`` is the run's ``scores.json``."""
+    runs = []
+    for path in sorted(Path(root).rglob("scores.json")):
+        run = path.parent
+        cfg = _config(run)
+        if cfg.get("task") != "ruler":
+            continue
+        by_length = json.loads(path.read_text())
+        method, budget = setting_of(cfg.get("compressor", {}))
+        runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
+                     "label": run_label(cfg), "name": run_name(root, run), "by_length": by_length,
+                     "scores": {f"{n} tokens": v["average"] for n, v in by_length.items()}})
+    return runs

@@ -20,8 +20,9 @@ def file_name(kind: str, run: str) -> str:
     return run if run.startswith(f"{kind}_") else f"{kind}_{run}"
 
 
-def budget_curves(runs: list[dict], out: Path) -> list[Path]:
-    """Score vs budget, one panel per dataset, one line per (model, method, pooling); full KV dashed."""
+def budget_curves(runs: list[dict], out: Path, file_name: str = "budget_curve") -> list[Path]:
+    """Score vs budget, one panel per dataset (RULER: per length), one line per (model, method,
+    pooling); full KV dashed."""
     datasets = sorted({d for r in runs for d, v in r["scores"].items() if isinstance(v, (int, float))})
     if not datasets:
         return []
@@ -48,7 +49,7 @@ def budget_curves(runs: list[dict], out: Path) -> list[Path]:
         ax.set_title(dataset)
         ax.legend(fontsize=6)
     fig.tight_layout()
-    return save_figure(fig, out / "budget_curve.png")
+    return save_figure(fig, out / f"{file_name}.png")
 
 
 def full_kv_frontiers(needle_runs: list[dict], bench_runs: list[dict]) -> dict:
