@@ -157,6 +157,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     bar = tqdm(work, desc=task.name + (f" x{len(runs)} settings" if shared else ""), unit="item",
                dynamic_ncols=True)
     tokens_seen, started, ooms = 0, time.perf_counter(), 0
+    aware, together = query_aware(cfg), decode_together(cfg)
     for item in bar:
         active = []
         for one in runs:
@@ -170,8 +171,8 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
         prompt = task.prompt(item, model, tokenizer)
         for one in active:
             task.started(one, item, prompt)
-        question = 0 if query_aware(cfg) else asked_after(prompt, item)
-        generations = generate(runner, prompt, [one.compressor for one in active], decode_together(cfg), question)
+        question = 0 if aware else asked_after(prompt, item)
+        generations = generate(runner, prompt, [one.compressor for one in active], together, question)
         for one, gen in zip(active, generations):
             text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
                                                              skip_special_tokens=True)

@@ -106,21 +106,29 @@ def _unpack(archive: str, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def hub_dataset_file(repo: str, filename: str, revision: str, revision_field: str, offline_message: str) -> str:
+    """A file of a hub dataset at ``revision`` (downloaded once into the Hugging Face cache; a cached
+    copy serves offline). Offline: ``offline_message`` (``{error}``: the exception's type); a refusal
+    by the hub names ``revision_field``."""
+    from huggingface_hub import hf_hub_download
+    try:
+        return hf_hub_download(repo, filename, repo_type="dataset", revision=revision)
+    except Exception as exc:
+        if _is_offline(exc):
+            raise InputError(offline_message.format(error=type(exc).__name__)) from None
+        raise InputError(f"{revision_field}={revision!r}: the hub refused {repo}/{filename} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
 def _hub_data_dir(revision: str) -> Path:
     """The official ``data.zip`` at ``revision``, downloaded once and unpacked into our cache."""
     target = cache_root() / "longbench" / revision
     if (target / "data").is_dir():
         return target / "data"
-    from huggingface_hub import hf_hub_download
-    try:
-        archive = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=revision)
-    except Exception as exc:
-        if _is_offline(exc):
-            raise InputError(f"no LongBench data: offline or the hub is unreachable ({type(exc).__name__}); download "
-                             f"data.zip of https://huggingface.co/datasets/{HUB_REPO} (revision {revision}), unpack "
-                             "it and pass longbench.data_dir=DIR") from None
-        raise InputError(f"longbench.revision={revision!r}: the hub refused {HUB_REPO}/{HUB_FILE} "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    archive = hub_dataset_file(HUB_REPO, HUB_FILE, revision, "longbench.revision",
+                               "no LongBench data: offline or the hub is unreachable ({error}); download data.zip "
+                               f"of https://huggingface.co/datasets/{HUB_REPO} (revision {revision}), unpack it and "
+                               "pass longbench.data_dir=DIR")
     _unpack(archive, target)
     return target / "data"
 

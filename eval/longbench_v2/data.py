@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from ..jsonl import input_lines
-from ..longbench.data import _is_offline, file_digest  # noqa: F401  (file_digest: re-exported for the task)
+from ..longbench.data import file_digest, hub_dataset_file  # noqa: F401  (file_digest: re-exported for the task)
 from snapkv.config import InputError
 
 HUB_REPO, HUB_FILE = "THUDM/LongBench-v2", "data.json"
@@ -74,13 +74,7 @@ def data_path(data_file: str | None, revision: str = "main") -> Path:
             raise InputError(f"longbench_v2.data_file={data_file}: no such file (expected the official data.json "
                              f"of {HUB_REPO}, or JSONL rows with its fields)")
         return path
-    from huggingface_hub import hf_hub_download
-    try:
-        return Path(hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=revision))
-    except Exception as exc:
-        if _is_offline(exc):
-            raise InputError(f"no LongBench v2 data: offline or the hub is unreachable ({type(exc).__name__}); "
-                             f"download {HUB_FILE} of https://huggingface.co/datasets/{HUB_REPO} (revision "
-                             f"{revision}) and pass longbench_v2.data_file=FILE") from None
-        raise InputError(f"longbench_v2.revision={revision!r}: the hub refused {HUB_REPO}/{HUB_FILE} "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return Path(hub_dataset_file(HUB_REPO, HUB_FILE, revision, "longbench_v2.revision",
+                                 "no LongBench v2 data: offline or the hub is unreachable ({error}); download "
+                                 f"{HUB_FILE} of https://huggingface.co/datasets/{HUB_REPO} (revision {revision}) "
+                                 "and pass longbench_v2.data_file=FILE"))

@@ -131,7 +131,9 @@ class RulerTask(PredictionTask):
             context, query, prefix = parts(row)
             ids, question = encode_chat_split(tokenizer, context + query, self.model_cfg.chat_format, len(context),
                                               suffix=prefix)
-        return Prompt(ids, max_new_tokens(item.task), stop_token_ids(model, tokenizer),
+        if not hasattr(self, "stops"):
+            self.stops = stop_token_ids(model, tokenizer)
+        return Prompt(ids, max_new_tokens(item.task), self.stops,
                       fields={"outputs": row["outputs"], "ruler_length": row["length"]}, question_tokens=question)
 
     def record(self, run: SettingRun, item: Sample, prompt: Prompt, generation, text) -> None:

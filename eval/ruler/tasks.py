@@ -104,12 +104,19 @@ def _row(run: Run, index: int, text: str, outputs: list, length: int, query_at: 
             "answer_prefix": answer_prefix, "query_at": query_at}
 
 
-def _retry(make, used: int, incremental: int):
-    """RULER's per-sample loop: draw, check the length, on failure shrink the haystack (not below
-    ``incremental``) and draw again (QUIRK: its bare ``except`` also retries errors of the draw)."""
+def _fitted(run: Run, make, used: int, incremental: int, extra_tokens: int = 0, limit: int | None = None):
+    """RULER's per-sample loop: draw with ``used`` haystack units, measure the prompt plus the tokens to
+    generate (and ``extra_tokens``); when it is longer than ``limit`` (``max_seq_length``) or the draw
+    fails, shrink the haystack (not below ``incremental``) and draw again (QUIRK: RULER's bare
+    ``except`` also retries errors of the draw). Returns ``(text, outputs, length, query_at, prefix)``."""
+    limit = run.max_seq_length if limit is None else limit
     for _ in range(MAX_RETRIES):
         try:
-            return make(used)
+            text, answer, query_at, prefix = make(used)
+            length = run.count(text) + run.tokens_to_generate + extra_tokens
+            if length > limit:
+                raise _TooLong
+            return text, answer, length, query_at, prefix
         except InputError:
             raise
         except (_TooLong, ValueError, IndexError):
@@ -255,17 +262,7 @@ def niah(run: Run) -> list[dict]:
             break
         num_haystack += incremental
 
-    rows = []
-    for index in range(run.num_samples):
-        def attempt(used):
-            text, answers, query_at, prefix = make(used)
-            length = run.count(text) + run.tokens_to_generate
-            if length > run.max_seq_length:
-                raise _TooLong
-            return text, answers, length, query_at, prefix
-        text, answers, length, query_at, prefix = _retry(attempt, num_haystack, incremental)
-        rows.append(_row(run, index, text, answers, length, query_at, prefix))
-    return rows
+    return [_row(run, index, *_fitted(run, make, num_haystack, incremental)) for index in range(run.num_samples)]
 
 
 # ---------------------------------------------------------------------------------------- vt
@@ -331,13 +328,8 @@ def variable_tracking(run: Run) -> list[dict]:
             num_noises += incremental
         rows = []
         for index in range(num_samples):
-            def attempt(used):
-                text, answer, query_at, prefix = make(used, is_icl)
-                length = run.count(text) + run.tokens_to_generate + example_tokens
-                if length > max_seq_length:
-                    raise _TooLong
-                return text, answer, length, query_at, prefix
-            text, answer, length, query_at, prefix = _retry(attempt, num_noises, incremental)
+            text, answer, length, query_at, prefix = _fitted(run, lambda used: make(used, is_icl), num_noises,
+                                                             incremental, example_tokens, max_seq_length)
             if icl_example is not None:
                 cutoff = text.index(base["template"][:20])
                 inserted = " " + icl_example + "\n\n"
@@ -397,17 +389,7 @@ def common_words_extraction(run: Run) -> list[dict]:
             num_words = len(words)
             break
 
-    rows = []
-    for index in range(run.num_samples):
-        def attempt(used):
-            text, answer, query_at, prefix = make(used)
-            length = run.count(text) + run.tokens_to_generate
-            if length > run.max_seq_length:
-                raise _TooLong
-            return text, answer, length, query_at, prefix
-        text, answer, length, query_at, prefix = _retry(attempt, num_words, incremental)
-        rows.append(_row(run, index, text, answer, length, query_at, prefix))
-    return rows
+    return [_row(run, index, *_fitted(run, make, num_words, incremental)) for index in range(run.num_samples)]
 
 
 # --------------------------------------------------------------------------------------------- fwe
@@ -513,17 +495,8 @@ def qa(run: Run) -> list[dict]:
             num_docs = len(docs)
             break
 
-    rows = []
-    for index in range(run.num_samples):
-        def attempt(used):
-            text, answer, query_at, prefix = make(index, used)
-            length = run.count(text) + run.tokens_to_generate
-            if length > run.max_seq_length:
-                raise _TooLong
-            return text, answer, length, query_at, prefix
-        text, answer, length, query_at, prefix = _retry(attempt, num_docs, incremental)
-        rows.append(_row(run, index, text, answer, length, query_at, prefix))
-    return rows
+    return [_row(run, index, *_fitted(run, lambda used: make(index, used), num_docs, incremental))
+            for index in range(run.num_samples)]
 
 
 GENERATORS = {"niah": niah, "variable_tracking": variable_tracking, "common_words_extraction": common_words_extraction,
