@@ -124,8 +124,9 @@ def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,
                      pad_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Kept earlier positions ``[b, heads, budget - window]`` (DESIGN.md 3.1), sorted ascending."""
     length = keys.shape[-2]
-    if length < cfg.budget:
-        raise InputError(f"budget={cfg.budget} is larger than the sequence length {length}")
+    budget = cfg.budget_for(length)  # the fixed budget, or the prompt's share with compressor.ratio
+    if length < budget:
+        raise InputError(f"budget={budget} is larger than the sequence length {length}")
     if queries.shape[-2] < cfg.window:
         raise InputError(f"queries hold {queries.shape[-2]} rows, fewer than window={cfg.window}")
-    return top_positions(snapkv_scores(queries, keys, cfg, pad_mask), cfg.budget - cfg.window, pad_mask)
+    return top_positions(snapkv_scores(queries, keys, cfg, pad_mask), budget - cfg.window, pad_mask)

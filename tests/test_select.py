@@ -87,3 +87,12 @@ def test_padded_positions_never_selected():
 def test_sequence_shorter_than_budget_is_an_error():
     with pytest.raises(ValueError, match="budget"):
         select_positions(torch.randn(1, 2, 50, 8), torch.randn(1, 2, 50, 8), SnapKVConfig(budget=64, window=8))
+
+
+def test_select_positions_takes_a_ratio_as_the_prompts_budget():
+    import torch
+    import snapkv
+    queries, keys = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 100, 8)
+    by_ratio = snapkv.select_positions(queries, keys, snapkv.SnapKVConfig(budget=None, ratio=0.6, window=16, kernel=3))
+    by_budget = snapkv.select_positions(queries, keys, snapkv.SnapKVConfig(budget=40, window=16, kernel=3))
+    assert torch.equal(by_ratio, by_budget)
