@@ -5,7 +5,7 @@ mixture-of-experts), the KV cache held at the end of prefill, the KV held while 
 runs, and the largest per-layer transient of a prefill: hidden states, one layer's q/k/v and
 attention (eager: the L x L scores in the model dtype plus their float32 softmax, and the additive
 mask; fused kernels: tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
-compression step (each method's own term, ``CompressorConfig.compression_bytes``, from the helpers
+compression step (beside the layer's query states: each method's own term, ``CompressorConfig.compression_bytes``, from the helpers
 here, e.g. ``window_scores_bytes``; plus, with ``gqa="repeat"``, a repeated copy of one layer's K and
 V), and the last-position logits.
 
@@ -137,7 +137,9 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
         scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
     mlp = s.mlp_activations(batch * rows, n)
     logits = batch * s.vocab * 4
-    selection = compression_transient(s, compressor, length, batch, n) if compresses else 0
+    # the compression runs inside the attention of the layer, beside that layer's query states
+    queries = batch * length * s.heads * s.head_dim * n
+    selection = queries + compression_transient(s, compressor, length, batch, n) if compresses else 0
     transient = hidden + max(qkv + scores, mlp, selection) + logits
     # KV the prefill holds while the last layer runs: full KV of every layer, or the compressed
     # earlier layers plus the current one at full length.
