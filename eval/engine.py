@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import snapkv
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, free_memory, is_oom
@@ -34,7 +34,7 @@ class SettingRun:
     """One compressor setting of a job: the job config with this setting's compressor node and
     folder, the compressor, and what the task keeps per setting (records so far, pending keys)."""
     cfg: object
-    compressor: snapkv.CompressorConfig
+    compressor: snapkv.Method
     pending: set = field(default_factory=set)
     state: dict = field(default_factory=dict)
 

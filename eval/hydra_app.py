@@ -1,7 +1,7 @@
 """What every Hydra task shares: run metadata, compressor building, failure handling."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 import json
 import os
@@ -68,7 +68,7 @@ def _raw_override(field: str) -> str | None:
     return None
 
 
-def make_compressor(node) -> snapkv.CompressorConfig:
+def make_compressor(node) -> snapkv.Method:
     return snapkv.build_config(node.method, **compressor_fields(node, keep_unset=True))
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 from snapkv.memory import plan_shared
 
 # The planner follows a measured CPU peak to 15% in its growth with length and 25% in the peak itself
@@ -76,11 +76,11 @@ def planned_peak(cfg, compressors: list) -> tuple[int, int]:
     length, new_tokens = longest_input(cfg)
     model = cfg.model
     dtype = model.dtype if model.dtype != "auto" else "bfloat16"
-    peak = plan_shared(offline_architecture(model), length, compressors, dtype=dtype,
-                       attn_implementation=model.get("attn_implementation", "sdpa"),
-                       mlp_chunk=model.get("mlp_chunk"), decode_tokens=new_tokens,
-                       decode_together=bool((cfg.get("shared_prefill") or {}).get("decode_together", False)))["peak_bytes"]
-    return peak, length
+    together = bool((cfg.get("shared_prefill") or {}).get("decode_together", False))
+    planned = plan_shared(offline_architecture(model), length, compressors, dtype=dtype,
+                          attn_implementation=model.get("attn_implementation", "sdpa"),
+                          mlp_chunk=model.get("mlp_chunk"), decode_tokens=new_tokens, decode_together=together)
+    return planned["peak_bytes"], length
 
 
 def on_gpu(cfg, launcher: dict) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def read_records(path: Path, repair: bool = False) -> list[dict]:

@@ -15,7 +15,7 @@ import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 LOCK_FILE = ".lock"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import snapkv
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -86,8 +86,7 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     dtype_name = cfg.get("dtype", "float32")
-    if dtype_name not in DTYPES:
-        raise InputError(f"model.dtype={dtype_name!r} is not allowed; choose one of {', '.join(DTYPES)}")
+    check_choice("model.dtype", dtype_name, DTYPES)
     dtype = DTYPES[dtype_name]
     attn = attn_implementation(cfg)
     kwargs = dict(dtype=dtype, attn_implementation=attn)
@@ -108,7 +107,8 @@ def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     else:
         path = _weights_path(cfg)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = _tokenizer(cfg.get("tokenizer") or path, cfg.get("use_fast_tokenizer", True)) if with_tokenizer else None
+        tokenizer = (_tokenizer(cfg.get("tokenizer") or path, cfg.get("use_fast_tokenizer", True))
+                     if with_tokenizer else None)
     if device and not cfg.get("device_map"):
         model = model.to(device)
     return model.eval(), tokenizer

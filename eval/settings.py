@@ -16,7 +16,7 @@ dated folder beside the run. The left-out fields let a run be extended or moved 
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 import json
 import shutil
@@ -153,8 +153,7 @@ def move_aside(out: Path) -> Path:
 
 def claim(out: Path, settings: dict, resume: str, result_names) -> None:
     """Make ``out`` a folder of ``settings``' results, or stop with one line saying why not."""
-    if resume not in RESUME_MODES:
-        raise InputError(f"resume={resume!r} is not allowed; choose one of {', '.join(RESUME_MODES)}")
+    check_choice("resume", resume, RESUME_MODES)
     settings = json.loads(json.dumps(settings))  # compare as it reads back (tuples become lists)
     path = out / SETTINGS_FILE
     old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import OmegaConf
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 GROUP_FOLDER = ".shared_prefill"
 _DEFAULT_OUTPUT_DIR = "${hydra:runtime.output_dir}"
@@ -27,7 +27,7 @@ _PER_SETTING = ("compressor", "output_dir", "hydra")
 def unused_fields(method: str) -> set:
     """Fields of the compressor config group that ``method`` does not read (all of them for full)."""
     from snapkv import build_config
-    from snapkv.config import METHODS
+    from snapkv.method import METHODS
     if method not in METHODS:
         build_config(method)  # fills the registry, or names the allowed methods
     cls = METHODS[method]
@@ -47,7 +47,7 @@ def member_of(overrides: list, compose: Callable[[list], Any]) -> tuple[Member, 
     cfg = compose(overrides)
     method = cfg.compressor.method
     dropped = unused_fields(method)
-    kept = [o for o in overrides if not (o.split("=", 1)[0].lstrip("+~") in {f"compressor.{f}" for f in dropped})]
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in {f"compressor.{f}" for f in dropped}]
     if len(kept) != len(overrides):
         cfg = compose(kept)
     raw_out = OmegaConf.to_container(cfg, resolve=False).get("output_dir")

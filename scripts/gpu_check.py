@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import platform
 import signal
 import statistics
@@ -47,15 +46,15 @@ from eval.bench.sweep import agreement, scaled  # noqa: E402
 from eval.runner import Runner, _sync, free_memory, is_oom  # noqa: E402
 from snapkv import memory  # noqa: E402
 from snapkv.architectures import window_queries  # noqa: E402
-from snapkv.patch import _cache_of  # noqa: E402
+from snapkv.transformers_workarounds import cache_argument  # noqa: E402
 from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 
 GIB = 2**30
 # Seconds per section in the full mode (the smoke mode gives each a quarter of these).
 BUDGETS_S = {"environment": 20, "exactness": 70, "speed": 60, "memory": 120, "long_context": 140,
              "shared_prefill": 50}
-TABLE1 = [snapkv.FullConfig(), snapkv.SnapKVConfig(budget=1024), snapkv.SnapKVConfig(budget=2048),
-          snapkv.SnapKVConfig(budget=4096), snapkv.H2OConfig(budget=4096)]
+TABLE1 = [snapkv.FullKV(), snapkv.SnapKV(budget=1024), snapkv.SnapKV(budget=2048),
+          snapkv.SnapKV(budget=4096), snapkv.H2O(budget=4096)]
 
 
 def lwm_architecture() -> dict:
@@ -256,7 +255,7 @@ def section_environment(mode: Mode, clock: Clock) -> dict:
 def _capture_full_prefill(model, cfg, ids):
     """Run a compressed prefill, recording per layer the full keys, the window queries, and the
     positions the hooks kept (``top_positions``' result)."""
-    import snapkv.patch as patch
+    import snapkv.hooks as patch
     kept, captured, handles = [], {}, []
     original = patch.top_positions
 
@@ -271,7 +270,7 @@ def _capture_full_prefill(model, cfg, ids):
                                                                  cfg.window), "scaling": module.scaling}
 
     def after(module, args, kwargs, output):
-        captured[module.layer_idx]["keys"] = _cache_of(kwargs).layers[module.layer_idx].keys
+        captured[module.layer_idx]["keys"] = cache_argument(kwargs).layers[module.layer_idx].keys
 
     for layer in model.model.layers:  # registered before the session's hooks: they see the full KV
         handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
@@ -307,7 +306,7 @@ def compare_selection(kept, captured, cfg) -> dict:
 
 
 def section_exactness(mode: Mode, clock: Clock) -> dict:
-    cfg = mode.scaled(snapkv.SnapKVConfig(budget=1024, window=32, kernel=7))
+    cfg = mode.scaled(snapkv.SnapKV(budget=1024, window=32, kernel=7))
     dtypes = [torch.float32] if mode.device == "cpu" else [torch.bfloat16, torch.float16]
     out = {"setting": cfg.label(), "input_tokens": mode.exact_length, "cases": []}
     for shape_name, arch in mode.shapes.items():
@@ -358,7 +357,7 @@ def lwm_model(mode: Mode):
 
 
 def decode_latency(runner, ids, cfg, mode: Mode) -> dict:
-    runner.generate(ids[:, : min(ids.shape[1], 64)], snapkv.FullConfig(), 2)  # warm-up
+    runner.generate(ids[:, : min(ids.shape[1], 64)], snapkv.FullKV(), 2)  # warm-up
     prefill, decode = [], []
     for _ in range(mode.repeats):
         gen = runner.generate(ids, cfg, mode.decode_tokens)
@@ -371,7 +370,7 @@ def decode_latency(runner, ids, cfg, mode: Mode) -> dict:
 def section_speed(mode: Mode, clock: Clock) -> dict:
     model = lwm_model(mode)
     runner = Runner(model, mlp_chunk=mode.mlp_chunk)
-    snap = mode.scaled(snapkv.SnapKVConfig(budget=2048))
+    snap = mode.scaled(snapkv.SnapKV(budget=2048))
     out = {"model": f"random LWM-7B shape, {str(mode.dtype).removeprefix('torch.')}, {_LWM_MODELS['attn']}",
            "input_tokens": mode.speed_length, "decode_tokens": mode.decode_tokens, "repeats": mode.repeats,
            "rows": []}
@@ -381,8 +380,8 @@ def section_speed(mode: Mode, clock: Clock) -> dict:
             out["rows"].append({"batch": batch, "skipped": "section time budget"})
             continue
         ids = tokens(batch, mode.speed_length, vocab, mode.device)
-        floor = decode_latency(runner, ids[:, :1], snapkv.FullConfig(), mode)
-        full = decode_latency(runner, ids, snapkv.FullConfig(), mode)
+        floor = decode_latency(runner, ids[:, :1], snapkv.FullKV(), mode)
+        full = decode_latency(runner, ids, snapkv.FullKV(), mode)
         compressed = decode_latency(runner, ids, snap, mode)
         out["rows"].append({"batch": batch, "full": full, snap.label(): compressed, "empty_cache": floor,
                             "decode_speedup": round(full["decode_ms_per_token"] /
@@ -441,7 +440,7 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
     attn, dtype = _LWM_MODELS["attn"], str(mode.dtype).removeprefix("torch.")
     planned_attn = "eager" if attn == "eager" else "sdpa"
     cap = mode.cap_bytes
-    snap = mode.scaled(snapkv.SnapKVConfig(budget=2048))
+    snap = mode.scaled(snapkv.SnapKV(budget=2048))
     out = {"cap_gib": round(cap / GIB, 3), "batch": 2, "model": f"random LWM-7B shape, {dtype}, {attn}"}
     previous_fraction = None
     if mode.device == "cuda":
@@ -453,7 +452,7 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
         cap_check = cap + 0  # CPU: the resident memory above the model must stay under the cap
     try:
         rows = {}
-        for name, cfg, reserve in (("full", snapkv.FullConfig(), clock.budget * 0.6),
+        for name, cfg, reserve in (("full", snapkv.FullKV(), clock.budget * 0.6),
                                    (snap.label(), snap, clock.budget * 0.2)):
             plan_kw = dict(batch=2, dtype=dtype, attn_implementation=planned_attn, mlp_chunk=mode.mlp_chunk,
                            decode_tokens=4)
@@ -464,7 +463,8 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
             found = frontier(runner, cfg, 2, planned or 1024, mode, cap_check, clock, reserve)
             found["planned_longest"] = planned
             if found["longest_fitting"]:
-                found["planner_error"] = f"{100 * (planned - found['longest_fitting']) / found['longest_fitting']:+.1f}%"
+                error = (planned - found["longest_fitting"]) / found["longest_fitting"]
+                found["planner_error"] = f"{100 * error:+.1f}%"
             rows[name] = found
         out["frontier"] = rows
         full_len, snap_len = rows["full"]["longest_fitting"], rows[snap.label()]["longest_fitting"]
@@ -477,8 +477,8 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
     planner_rows = []
     length = mode.speed_length
     ids = tokens(1, length, mode.lwm["vocab_size"], mode.device)
-    for cfg in [snapkv.FullConfig(), snap, mode.scaled(snapkv.PyramidKVConfig(budget=2048)),
-                mode.scaled(snapkv.H2OConfig(budget=2048)), mode.scaled(snapkv.StreamingLLMConfig(budget=2048))]:
+    for cfg in [snapkv.FullKV(), snap, mode.scaled(snapkv.PyramidKV(budget=2048)),
+                mode.scaled(snapkv.H2O(budget=2048)), mode.scaled(snapkv.StreamingLLM(budget=2048))]:
         if clock.left() < 3:
             planner_rows.append({"setting": cfg.label(), "skipped": "section time budget"})
             continue
@@ -497,7 +497,7 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
 def section_long_context(mode: Mode, clock: Clock) -> dict:
     model = lwm_model(mode)
     runner = Runner(model, mlp_chunk=mode.mlp_chunk)
-    cfg = mode.scaled(snapkv.SnapKVConfig(budget=1024, window=16, kernel=5, pooling="maxpool"))
+    cfg = mode.scaled(snapkv.SnapKV(budget=1024, window=16, kernel=5, pooling="maxpool"))
     out = {"setting": cfg.label(), "decode_tokens": 16, "runs": []}
     times = {}
     for length in mode.long_lengths:
@@ -538,7 +538,7 @@ def section_shared_prefill(mode: Mode, clock: Clock) -> dict:
     runner = Runner(model, mlp_chunk=mode.mlp_chunk)
     settings = [mode.scaled(cfg) for cfg in TABLE1]
     ids = tokens(1, mode.shared_length, mode.lwm["vocab_size"], mode.device, seed=2)
-    runner.generate(ids[:, :64], snapkv.FullConfig(), 2)  # warm-up
+    runner.generate(ids[:, :64], snapkv.FullKV(), 2)  # warm-up
     _sync(mode.device)
     start = time.perf_counter()
     solo = [runner.generate(ids, cfg, mode.shared_answer) for cfg in settings]
@@ -605,7 +605,8 @@ def main(argv=None) -> int:
         print("error: no CUDA device: the full mode needs a GPU (--smoke runs every section on CPU)", file=sys.stderr)
         return 2
     out = Path(args.out)
-    report = {"mode": "smoke (CPU, tiny shapes)" if args.smoke else "full", "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    report = {"mode": "smoke (CPU, tiny shapes)" if args.smoke else "full",
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "command": " ".join(["python scripts/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
               "sections": {}}
     for name in wanted:

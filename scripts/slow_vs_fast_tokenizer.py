@@ -52,7 +52,8 @@ def main(model_file: str, data: str, chat_format: str = "none", max_length: int 
         if slow_ids != fast_ids:
             differ += 1
             if first is None:
-                at = next((i for i, (a, b) in enumerate(zip(slow_ids, fast_ids)) if a != b), min(len(slow_ids), len(fast_ids)))
+                at = next((i for i, (a, b) in enumerate(zip(slow_ids, fast_ids)) if a != b),
+                          min(len(slow_ids), len(fast_ids)))
                 first = (row["_id"], at, slow_ids[at:at + 5], fast_ids[at:at + 5])
     print(f"{len(rows)} prompts ({tokens} slow tokens): {differ} differ between slow and fast ids")
     if first:

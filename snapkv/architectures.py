@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from .config import InputError
+from .method import InputError
 
 TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 

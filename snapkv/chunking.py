@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from .architectures import decoder_layers
-from .config import InputError
+from .method import InputError
 
 
 def _chunked(forward, chunk: int):

@@ -5,7 +5,8 @@ mixture-of-experts), the KV cache held at the end of prefill, the KV held while 
 runs, and the largest per-layer transient of a prefill: hidden states, one layer's q/k/v and
 attention (eager: the L x L scores in the model dtype plus their float32 softmax, and the additive
 mask; fused kernels: tiles), the MLP activations (a MoE layer runs its routed experts' MLPs and a shared expert), the
-compression step (beside the layer's query states: each method's own term, ``CompressorConfig.compression_bytes``, from the helpers
+compression step (beside the layer's query states: each method's own term,
+``Method.compression_bytes``, from the helpers
 here, e.g. ``window_scores_bytes``; plus, with ``gqa="repeat"``, a repeated copy of one layer's K and
 V), and the last-position logits.
 
@@ -16,7 +17,7 @@ measures above a model that has run one token, so those are outside its numbers 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from .config import InputError
+from .method import InputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
@@ -110,7 +111,7 @@ def votes_bytes(s: Shape, length: int, batch: int) -> int:
 
 def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes: int) -> int:
     """Bytes the compression of one layer allocates beside that layer's full K/V: the method's own
-    term (``CompressorConfig.compression_bytes``) and the copy ``gqa="repeat"`` makes."""
+    term (``Method.compression_bytes``) and the copy ``gqa="repeat"`` makes."""
     return (compressor.compression_bytes(s, length, batch, nbytes)
             + repeated_kv_bytes(s, compressor.gqa, length, batch, nbytes))
 
@@ -123,7 +124,8 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
-    kept = [min(length, compressor.layer_budget(i, s.layers, length)) if compresses else length for i in range(s.layers)]
+    kept = [min(length, compressor.layer_budget(i, s.layers, length)) if compresses else length
+            for i in range(s.layers)]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)
     after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n)
     rows = min(length, mlp_chunk) if mlp_chunk else length

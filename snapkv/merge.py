@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .config import InputError
-from .patch import CacheState, RepeatedKVLayer, report_consumed, set_state, state_of
+from .cache_state import CacheState, set_state, state_of
+from .errors import InputError
+from .transformers_workarounds import RepeatedKVLayer, report_consumed
 
 
 class GrowingLayer(DynamicLayer):

@@ -12,7 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from .config import InputError
+from .method import InputError
 
 # Bytes of window x L float32 attention one chunk of heads may hold at once.
 _CHUNK_BYTES = 256 * 2**20

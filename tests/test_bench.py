@@ -35,7 +35,7 @@ def test_a_batch_decodes_each_row_as_alone():
     model = tiny_model("llama-gqa")
     ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(1))
     runner = Runner(model)
-    for comp in (snapkv.FullConfig(), snapkv.SnapKVConfig(budget=32, window=8)):
+    for comp in (snapkv.FullKV(), snapkv.SnapKV(budget=32, window=8)):
         both = runner.generate(ids, comp, 4)
         assert both.tokens == runner.generate(ids[:1], comp, 4).tokens
 
@@ -48,13 +48,13 @@ def test_bench_rejects_unknown_method(tmp_path):
 
 def test_planner_kv_bytes_match_the_real_cache():
     model = tiny_model("llama-gqa")
-    cfg = snapkv.SnapKVConfig(budget=48, window=8, kernel=5)
+    cfg = snapkv.SnapKV(budget=48, window=8, kernel=5)
     ids = torch.randint(0, 128, (2, 150))
     from eval.bench.measure import kv_cache_bytes
     from transformers import DynamicCache
-    for comp in (None, cfg, snapkv.PyramidKVConfig(budget=48, window=8)):
+    for comp in (None, cfg, snapkv.PyramidKV(budget=48, window=8)):
         cache = DynamicCache(config=model.config)
-        with torch.no_grad(), snapkv.compress(model, comp or snapkv.FullConfig()):
+        with torch.no_grad(), snapkv.compress(model, comp or snapkv.FullKV()):
             model(ids, cache=cache, use_cache=True)
         assert plan(model.config, 150, comp, batch=2, dtype="float32")["kv_cache_bytes"] == kv_cache_bytes(cache)
 
@@ -67,7 +67,7 @@ def test_planner_lwm_frontier():
     # HF eager attention holds a layer's L x L scores in bf16, their float32 softmax and its bf16 cast
     # at once (8 bytes an entry): about 16K; the paper's ~33K matches one bf16 copy (2 bytes an entry)
     assert 14_000 < eager_full < 18_000
-    snap = snapkv.SnapKVConfig(budget=1024, window=16, kernel=5)
+    snap = snapkv.SnapKV(budget=1024, window=16, kernel=5)
     assert plan(lwm, 380_000, snap, attn_implementation="flash_attention_2", mlp_chunk=16384)["peak_bytes"] < 80 * gib
     assert plan(lwm, 380_000, None, attn_implementation="flash_attention_2")["peak_bytes"] > 80 * gib
 
@@ -75,7 +75,7 @@ def test_planner_lwm_frontier():
 def test_bisection_finds_the_frontier_to_two_percent():
     from eval.bench.frontier import bisect
     for true in (1500, 5000, 77_777):
-        found, probes = bisect(lambda n: {"fits": n <= true, "input_tokens": n}, 1024, 1 << 20, 0.02)
+        found, probes = bisect(lambda n, true=true: {"fits": n <= true, "input_tokens": n}, 1024, 1 << 20, 0.02)
         assert found <= true and (true - found) / true <= 0.02
         assert len(probes) < 20
     assert bisect(lambda n: {"fits": False}, 1024, 1 << 20, 0.02)[0] is None
@@ -205,12 +205,12 @@ def test_planner_terms_per_method_and_architecture():
     base = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=2)
     length = 8192
-    snap = plan(base, length, snapkv.SnapKVConfig(budget=1024))["prefill_transient_bytes"]
-    stream = plan(base, length, snapkv.StreamingLLMConfig(budget=1024))["prefill_transient_bytes"]
-    h2o = plan(base, length, snapkv.H2OConfig(budget=1024))["prefill_transient_bytes"]
-    repeat = plan(base, length, snapkv.SnapKVConfig(budget=1024, gqa="repeat"))
+    snap = plan(base, length, snapkv.SnapKV(budget=1024))["prefill_transient_bytes"]
+    stream = plan(base, length, snapkv.StreamingLLM(budget=1024))["prefill_transient_bytes"]
+    h2o = plan(base, length, snapkv.H2O(budget=1024))["prefill_transient_bytes"]
+    repeat = plan(base, length, snapkv.SnapKV(budget=1024, gqa="repeat"))
     assert stream < snap < h2o                      # no attention; window x L; 1024 x L query chunks
-    assert repeat["kv_cache_bytes"] == 4 * plan(base, length, snapkv.SnapKVConfig(budget=1024))["kv_cache_bytes"]
+    assert repeat["kv_cache_bytes"] == 4 * plan(base, length, snapkv.SnapKV(budget=1024))["kv_cache_bytes"]
     eager = plan(base, length, None, attn_implementation="eager", dtype="bfloat16")["prefill_transient_bytes"]
     assert eager >= 8 * 8 * length * length          # bf16 scores + float32 softmax + bf16 cast, all heads
     qwen3_moe = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
@@ -228,17 +228,17 @@ def test_planner_terms_per_method_and_architecture():
 
 def test_a_method_without_a_memory_term_is_not_planned():
     from dataclasses import dataclass
-    from snapkv.config import CompressorConfig, InputError
+    from snapkv.method import Method, InputError
 
     @dataclass
-    class Unplanned(CompressorConfig):
+    class Unplanned(Method):
         method = "unplanned"
 
     base = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=2)
     with pytest.raises(InputError, match="compressor.method='unplanned': the memory planner has no estimate"):
         plan(base, 4096, Unplanned(budget=64, window=8))
-    assert plan(base, 4096, snapkv.FullConfig())["kv_cache_bytes"] == plan(base, 4096, None)["kv_cache_bytes"]
+    assert plan(base, 4096, snapkv.FullKV())["kv_cache_bytes"] == plan(base, 4096, None)["kv_cache_bytes"]
 
 
 def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
@@ -246,11 +246,11 @@ def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
     from eval.runner import model_architecture
     from conftest import compose as compose_cfg
     arch = model_architecture(compose_cfg("bench", ["model=tiny-llama-32l"]).model)
-    snap, h2o = snapkv.SnapKVConfig(budget=1024), snapkv.H2OConfig(budget=1024)
+    snap, h2o = snapkv.SnapKV(budget=1024), snapkv.H2O(budget=1024)
     one = plan(arch, 8192, snap, dtype="float32")
     alone = plan_shared(arch, 8192, [snap], dtype="float32")
     assert alone["peak_bytes"] == one["peak_bytes"] and alone["kv_cache_bytes"] == one["kv_cache_bytes"]
-    both = plan_shared(arch, 8192, [snapkv.FullConfig(), snap, h2o], dtype="float32")
+    both = plan_shared(arch, 8192, [snapkv.FullKV(), snap, h2o], dtype="float32")
     full = plan(arch, 8192, None, dtype="float32")
     assert both["kv_cache_bytes"] == full["kv_cache_bytes"] + 2 * one["kv_cache_bytes"]
     assert both["prefill_transient_bytes"] == plan(arch, 8192, h2o, dtype="float32")["prefill_transient_bytes"]
@@ -258,7 +258,7 @@ def test_shared_prefill_plan_holds_every_kept_cache_and_the_largest_transient():
     # the full KV of the layer being compressed is held once, not once per setting
     assert both["prefill_kv_held_bytes"] < full["prefill_kv_held_bytes"] + 2 * one["prefill_kv_held_bytes"]
     # decoding together: every row padded to the largest cache (full's), one row of logits each
-    together = plan_shared(arch, 8192, [snapkv.FullConfig(), snap, h2o], dtype="float32", decode_together=True)
+    together = plan_shared(arch, 8192, [snapkv.FullKV(), snap, h2o], dtype="float32", decode_together=True)
     assert together["decode_peak_bytes"] == 3 * (full["decode_peak_bytes"] - full["weights_bytes"]) + \
         full["weights_bytes"]
     assert together["prefill_peak_bytes"] == both["prefill_peak_bytes"]

@@ -11,9 +11,9 @@ import snapkv
 from tiny_models import tiny_model
 
 CONFIGS = {
-    "snapkv": snapkv.SnapKVConfig(budget=48, window=8, kernel=5),
-    "pyramidkv": snapkv.PyramidKVConfig(budget=48, window=8, kernel=5),
-    "snapkv-repeat": snapkv.SnapKVConfig(budget=48, window=8, kernel=5, gqa="repeat"),
+    "snapkv": snapkv.SnapKV(budget=48, window=8, kernel=5),
+    "pyramidkv": snapkv.PyramidKV(budget=48, window=8, kernel=5),
+    "snapkv-repeat": snapkv.SnapKV(budget=48, window=8, kernel=5, gqa="repeat"),
 }
 
 

@@ -2,6 +2,7 @@
 import pytest
 
 import snapkv
+from method_settings import COMPRESSING
 from snapkv import build_config
 
 
@@ -17,12 +18,12 @@ from snapkv import build_config
 ])
 def test_snapkv_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        snapkv.SnapKVConfig(**kwargs)
+        snapkv.SnapKV(**kwargs)
 
 
 def test_pooling_error_lists_allowed_values():
     with pytest.raises(ValueError, match="maxpool, avgpool, none"):
-        snapkv.SnapKVConfig(pooling="mean")
+        snapkv.SnapKV(pooling="mean")
 
 
 def test_build_config_unknown_method_and_field():
@@ -41,7 +42,7 @@ def test_build_config_drops_shared_fields_a_method_does_not_use():
 
 
 def test_pyramid_budgets_decrease_and_average_to_budget():
-    cfg = snapkv.PyramidKVConfig(budget=1024, window=32)
+    cfg = snapkv.PyramidKV(budget=1024, window=32)
     budgets = [cfg.layer_budget(i, 32, 16384) for i in range(32)]
     assert budgets == sorted(budgets, reverse=True) and budgets[0] > 1024 > budgets[-1]
     assert abs(sum(budgets) / 32 - 1024) < 0.05 * 1024  # integer steps, as in official PyramidKV
@@ -79,25 +80,25 @@ PYRAMID_CASES = [(3, 48, 8, 60), (3, 48, 8, 47), (3, 48, 8, 48), (3, 48, 8, 79),
 
 @pytest.mark.parametrize("layers,budget,window,prompt", PYRAMID_CASES)
 def test_pyramid_budgets_equal_the_official_schedule(layers, budget, window, prompt):
-    cfg = snapkv.PyramidKVConfig(budget=budget, window=window)
+    cfg = snapkv.PyramidKV(budget=budget, window=window)
     assert [cfg.layer_budget(i, layers, prompt) for i in range(layers)] == \
         official_pyramidkv_capacity(layers, budget, window, prompt)
 
 
 def test_pyramid_issue_example():
-    cfg = snapkv.PyramidKVConfig(budget=48, window=8)
+    cfg = snapkv.PyramidKV(budget=48, window=8)
     assert [cfg.layer_budget(i, 3, 60) for i in range(3)] == [48, 48, 48]
 
 
 def test_streamingllm_window_is_derived():
-    cfg = snapkv.StreamingLLMConfig(budget=100, sink_tokens=4)
+    cfg = snapkv.StreamingLLM(budget=100, sink_tokens=4)
     assert cfg.window == 96
     with pytest.raises(ValueError, match="sink_tokens"):
-        snapkv.StreamingLLMConfig(budget=4, sink_tokens=4)
+        snapkv.StreamingLLM(budget=4, sink_tokens=4)
 
 
 # -- budgets as a fraction (compressor.ratio, kvpress's compression_ratio) ---------------------------
-@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "h2o", "random", "streamingllm"])
+@pytest.mark.parametrize("method", COMPRESSING)
 def test_a_ratio_keeps_the_fraction_kvpress_keeps(method):
     cfg = snapkv.build_config(method, budget=None, ratio=0.75)
     assert cfg.budget_for(1000) == 250 and cfg.budget_for(4097) == int(4097 * 0.25)
@@ -108,8 +109,8 @@ def test_a_ratio_keeps_the_fraction_kvpress_keeps(method):
 
 
 def test_pyramidkv_with_a_ratio_is_pyramidkv_at_that_prompts_budget():
-    by_ratio = snapkv.PyramidKVConfig(budget=None, ratio=0.75)
-    by_budget = snapkv.PyramidKVConfig(budget=4000)
+    by_ratio = snapkv.PyramidKV(budget=None, ratio=0.75)
+    by_budget = snapkv.PyramidKV(budget=4000)
     assert [by_ratio.layer_budget(i, 32, 16000) for i in range(32)] == \
         [by_budget.layer_budget(i, 32, 16000) for i in range(32)]
 
@@ -122,9 +123,9 @@ def test_pyramidkv_with_a_ratio_is_pyramidkv_at_that_prompts_budget():
 ])
 def test_budget_and_ratio_are_one_or_the_other(values, message):
     with pytest.raises(snapkv.InputError, match=message):
-        snapkv.SnapKVConfig(**values)
+        snapkv.SnapKV(**values)
     with pytest.raises(snapkv.InputError, match="ratio=0.5: full KV keeps every token"):
-        snapkv.FullConfig(ratio=0.5)
+        snapkv.FullKV(ratio=0.5)
 
 
 def test_a_ratio_on_the_command_line_replaces_the_default_budget():

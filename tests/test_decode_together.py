@@ -4,17 +4,18 @@ import torch
 from transformers import DynamicCache
 
 import snapkv
+from method_settings import with_every_method
 from eval.runner import Runner, cheapest_cuts
 from tiny_models import tiny_model
 
-SETTINGS = [
-    snapkv.FullConfig(),
-    snapkv.SnapKVConfig(budget=48, window=8, kernel=5),
-    snapkv.SnapKVConfig(budget=64, window=8, kernel=3, pooling="avgpool"),
-    snapkv.PyramidKVConfig(budget=48, window=8, kernel=5),
-    snapkv.H2OConfig(budget=40, window=8),
-    snapkv.StreamingLLMConfig(budget=56, sink_tokens=4),
-]
+SETTINGS = with_every_method([
+    snapkv.FullKV(),
+    snapkv.SnapKV(budget=48, window=8, kernel=5),
+    snapkv.SnapKV(budget=64, window=8, kernel=3, pooling="avgpool"),
+    snapkv.PyramidKV(budget=48, window=8, kernel=5),
+    snapkv.H2O(budget=40, window=8),
+    snapkv.StreamingLLM(budget=56, sink_tokens=4),
+], budget=72)  # a length of its own: every setting's cache differs
 FORCED = [5, 17, 99, 3, 42, 7]
 
 
@@ -55,7 +56,7 @@ def test_left_padded_rows_merge_with_their_kept_padding():
     for i, r in enumerate(rows):
         ids[i, 130 - len(r):], mask[i, 130 - len(r):] = r, 1
     kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-    settings = [snapkv.SnapKVConfig(budget=80, window=8), snapkv.SnapKVConfig(budget=48, window=8)]
+    settings = [snapkv.SnapKV(budget=80, window=8), snapkv.SnapKV(budget=48, window=8)]
     with snapkv.compress(model, settings) as session, torch.no_grad():
         first = model(ids, cache=DynamicCache(config=model.config), use_cache=True, **kw).logits[:, -1]
         alone = [forced_logits(model, cache, first) for cache in session.caches]
@@ -83,8 +84,8 @@ def test_runner_decodes_together_and_reports_each_setting():
 def test_batches_keep_layouts_apart_and_full_alone_when_it_costs_more():
     model = tiny_model("llama-gqa")
     runner = Runner(model)
-    settings = [snapkv.FullConfig(), snapkv.SnapKVConfig(budget=48, window=8),
-                snapkv.SnapKVConfig(budget=48, window=8, gqa="repeat"), snapkv.SnapKVConfig(budget=56, window=8)]
+    settings = [snapkv.FullKV(), snapkv.SnapKV(budget=48, window=8),
+                snapkv.SnapKV(budget=48, window=8, gqa="repeat"), snapkv.SnapKV(budget=56, window=8)]
     ids = torch.randint(0, 128, (1, 400), generator=torch.Generator().manual_seed(6))
     with snapkv.compress(model, settings) as session, torch.no_grad():
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)

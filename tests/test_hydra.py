@@ -74,7 +74,8 @@ def test_slurm_launcher_composes_and_job_is_picklable():
 
 
 def test_multirun_sweep_reports_failures_and_goes_on(tmp_path):
-    import subprocess, sys
+    import subprocess
+    import sys
     proc = subprocess.run([sys.executable, "-m", "eval.bench", "-m", "model=tiny-llama", "compressor.kernel=4,5",
                            "bench.lengths=[64]", "bench.budgets=[48]", "compressor.window=8", "bench.repeats=3",
                            "bench.decode_tokens=2", "bench.fresh_process=false", f"hydra.sweep.dir={tmp_path}"],

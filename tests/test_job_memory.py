@@ -8,10 +8,10 @@ import snapkv
 from conftest import compose
 from eval.job_memory import RUNTIME_GIB, SAFETY, array_mem_gb, group_request, job_memory, offline_architecture
 from eval.sweep_groups import group_jobs
-from snapkv.config import InputError
+from snapkv.errors import InputError
 from snapkv.memory import plan_shared
 
-SETTINGS = [snapkv.FullConfig(), snapkv.SnapKVConfig(budget=64, window=8), snapkv.H2OConfig(budget=64, window=8)]
+SETTINGS = [snapkv.FullKV(), snapkv.SnapKV(budget=64, window=8), snapkv.H2O(budget=64, window=8)]
 CPU = {"mem_gb": 2, "gpus_per_node": 0}
 
 
@@ -40,7 +40,7 @@ def test_a_cpu_job_asks_for_its_planned_peak_with_the_configured_value_as_a_floo
 def test_a_gpu_job_keeps_its_request_and_is_refused_when_it_cannot_fit():
     cfg = compose("needle", ["model=lwm-1m", "needle.lengths=[380000]", "compressor=snapkv_needle"])
     gpu = {"mem_gb": 64, "gpus_per_node": 1}
-    full, snap = snapkv.FullConfig(), snapkv.SnapKVConfig(budget=1024, window=16, kernel=5, gqa="repeat")
+    full, snap = snapkv.FullKV(), snapkv.SnapKV(budget=1024, window=16, kernel=5, gqa="repeat")
     request = job_memory(cfg, [snap], gpu)
     assert request.mem_gb == 64 and "planned GPU peak" in request.line
     assert "of 80 GiB" in job_memory(cfg, [snap], gpu, gpu_memory_gib=80).line

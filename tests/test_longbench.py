@@ -86,7 +86,8 @@ def test_app_bad_input_errors(tmp_path):
 
 
 def test_cli_exits_nonzero_with_one_line(tmp_path):
-    import subprocess, sys
+    import subprocess
+    import sys
     proc = subprocess.run([sys.executable, "-m", "eval.longbench", "longbench.datasets=[nope]",
                            f"output_dir={tmp_path}"], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -214,7 +215,7 @@ def test_rerun_with_other_settings_is_refused_before_loading_the_model(tmp_path,
 
 def test_a_field_added_to_the_task_config_is_part_of_the_settings(tmp_path, monkeypatch):
     import eval.runner
-    from snapkv.config import InputError
+    from snapkv.errors import InputError
     write(tmp_path / "hotpotqa.jsonl", rows(1))
     run_app(tmp_path, "+longbench.new_knob=1")
     assert json.loads((tmp_path / "run" / "settings.json").read_text())["longbench.new_knob"] == 1

@@ -12,7 +12,7 @@ from eval.longbench_v2.extract import extract_answer
 from eval.longbench_v2.prompt import (COT, COT_ANSWER, TEMPLATES, ZERO_SHOT, _DATA, build, fill,
                                       middle_truncate, question_at)
 from eval.longbench_v2.score import accuracy, table
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def rows(n=3):
@@ -56,7 +56,7 @@ def official_truncate(prompt, tokenizer, max_len):
 def official_prompt(template, item, cot=None):
     """pred.py ``get_pred``'s substitution (``template_0shot_cot_ans`` also replaces ``$COT$``)."""
     context = item['context']
-    prompt = template.replace('$DOC$', context.strip()).replace('$Q$', item['question'].strip()).replace('$C_A$', item['choice_A'].strip()).replace('$C_B$', item['choice_B'].strip()).replace('$C_C$', item['choice_C'].strip()).replace('$C_D$', item['choice_D'].strip())
+    prompt = template.replace('$DOC$', context.strip()).replace('$Q$', item['question'].strip()).replace('$C_A$', item['choice_A'].strip()).replace('$C_B$', item['choice_B'].strip()).replace('$C_C$', item['choice_C'].strip()).replace('$C_D$', item['choice_D'].strip())  # noqa: E501  (pred.py's line)
     if cot is not None:
         prompt = prompt.replace('$COT$', cot)
     return prompt
@@ -70,13 +70,13 @@ def official_result(results_dir, compensated=False):
         filename = os.path.join(results_dir, file)
         try:
             pred_data = json.load(open(filename, encoding='utf-8'))
-        except Exception as e:
+        except Exception:
             pred_data = [json.loads(line) for line in open(filename, encoding='utf-8')]
         easy, hard, short, medium, long = 0, 0, 0, 0, 0
         easy_acc, hard_acc, short_acc, medium_acc, long_acc = 0, 0, 0, 0, 0
         for pred in pred_data:
             acc = int(pred['judge'])
-            if compensated and pred["pred"] == None:
+            if compensated and pred["pred"] == None:  # noqa: E711  (as result.py has it)
                 acc = 0.25
             if pred["difficulty"] == "easy":
                 easy += 1
@@ -96,7 +96,7 @@ def official_result(results_dir, compensated=False):
                 long_acc += acc
 
         name = '.'.join(file.split('.')[:-1])
-        output.append(name+'\t'+str(round(100*(easy_acc+hard_acc)/len(pred_data), 1))+'\t'+str(round(100*easy_acc/easy, 1))+'\t'+str(round(100*hard_acc/hard, 1))+'\t'+str(round(100*short_acc/short, 1))+'\t'+str(round(100*medium_acc/medium, 1))+'\t'+str(round(100*long_acc/long, 1)))
+        output.append(name+'\t'+str(round(100*(easy_acc+hard_acc)/len(pred_data), 1))+'\t'+str(round(100*easy_acc/easy, 1))+'\t'+str(round(100*hard_acc/hard, 1))+'\t'+str(round(100*short_acc/short, 1))+'\t'+str(round(100*medium_acc/medium, 1))+'\t'+str(round(100*long_acc/long, 1)))  # noqa: E501  (result.py's line)
     return '\n'.join(output)
 
 
@@ -138,7 +138,8 @@ def test_prompt_is_the_template_substitution():
     doc = row["context"].strip()
     expected = ("Please read the following text and answer the question below.\n\n<text>\n" + doc + "\n</text>\n\n"
                 "What is the correct answer to this question: Which item is number 0?\nChoices:\n(A) one\n(B) two\n"
-                "(C) three\n(D) four\n\nFormat your response as follows: \"The correct answer is (insert answer here)\".")
+                "(C) three\n(D) four\n\nFormat your response as follows: "
+                "\"The correct answer is (insert answer here)\".")
     assert fill(TEMPLATES[ZERO_SHOT], row) == official_prompt(TEMPLATES[ZERO_SHOT], row) == expected
     cot = fill(TEMPLATES[COT], row)
     assert cot.startswith("Please read the following text and answer the questions below.")
@@ -344,7 +345,8 @@ def test_app_predicts_resumes_and_scores(tmp_path):
     assert (run_dir / "result.txt").read_text() == official
     assert json.loads((run_dir / "summary.json").read_text())["0shot"] == {
         "rows": 3, "scored": 3, "oom": 0, "no_answer": sum(r["pred"] is None for r in records), "dataset_rows": 3}
-    assert json.loads((run_dir / "settings.json").read_text())["longbench_v2.data_source"] == str(tmp_path / "data.json")
+    settings = json.loads((run_dir / "settings.json").read_text())
+    assert settings["longbench_v2.data_source"] == str(tmp_path / "data.json")
     # a crash after the second record, in the middle of writing the third
     pred.write_text("".join(json.dumps(r) + "\n" for r in records[:2]) + '{"_id": "q2", "resp')
     run_app(tmp_path)
@@ -458,7 +460,8 @@ def test_max_length_is_at_most_the_models(tmp_path):
     assert max_length(compose("longbench_v2", ["model=tiny-llama"])) == 4000
     assert max_length(compose("longbench_v2", ["model=llama-3.1-8b-instruct"])) == 120000
     assert max_length(compose("longbench_v2", ["model=tiny-llama", "longbench_v2.max_length=300"])) == 300
-    assert max_length(compose("longbench_v2", ["model=llama-3.1-8b-instruct", "longbench_v2.max_length=null"])) == 127500
+    cfg = compose("longbench_v2", ["model=llama-3.1-8b-instruct", "longbench_v2.max_length=null"])
+    assert max_length(cfg) == 127500
 
 
 @pytest.mark.parametrize("override,message", [

@@ -130,7 +130,8 @@ def test_paper_grid_is_the_figure():
 
 
 def test_numbers_typed_on_the_command_line_are_text_where_text_is_expected(tmp_path):
-    import subprocess, sys
+    import subprocess
+    import sys
     args = [sys.executable, "-m", "eval.needle", "model=tiny-llama", "compressor=full", "needle.lengths=[300]",
             "needle.depths=50", "needle.max_new_tokens=2", "needle.needle=The code is 3.10 today.",
             "needle.answer=3.10", "needle.question=42", f"output_dir={tmp_path}"]
@@ -138,7 +139,8 @@ def test_numbers_typed_on_the_command_line_are_text_where_text_is_expected(tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     settings = json.loads((tmp_path / "settings.json").read_text())
     assert settings["needle.needles"] == [["The code is 3.10 today.", "3.10"]] and settings["needle.question"] == "42"
-    bad = subprocess.run(args[:-1] + ["needle.answer=[1,2]", f"output_dir={tmp_path}/b"], capture_output=True, text=True)
+    bad = subprocess.run(args[:-1] + ["needle.answer=[1,2]", f"output_dir={tmp_path}/b"], capture_output=True,
+                         text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: needle.answer must be text")
 

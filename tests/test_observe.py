@@ -42,7 +42,8 @@ def test_captured_attention_equals_the_model_attention():
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         q = queries_at(module, kwargs["hidden_states"], kwargs["position_embeddings"], slice(10, 40))
         rows = torch.arange(10, 40)
-        seen[module.layer_idx] = torch.cat([p for _, p in row_attention(module, q, rows, cache.layers[module.layer_idx].keys)])
+        keys = cache.layers[module.layer_idx].keys
+        seen[module.layer_idx] = torch.cat([p for _, p in row_attention(module, q, rows, keys)])
 
     from transformers import DynamicCache
     handles = [l.self_attn.register_forward_hook(hook, with_kwargs=True) for l in model.model.layers]

@@ -74,15 +74,15 @@ def run_ids(n=150, seed=3):
 def test_full_kv_gives_the_same_tokens_both_ways():
     runner = Runner(tiny_model("llama-gqa"))
     ids = run_ids()
-    inside = runner.generate(ids, snapkv.FullConfig(), 8)
-    after = runner.generate(ids, snapkv.FullConfig(), 8, question_tokens=12)
+    inside = runner.generate(ids, snapkv.FullKV(), 8)
+    after = runner.generate(ids, snapkv.FullKV(), 8, question_tokens=12)
     assert inside.tokens == after.tokens
 
 
 def test_the_question_is_kept_uncompressed_after_the_compressed_context():
     runner = Runner(tiny_model("llama-gqa"))
     ids = run_ids()
-    cfg = snapkv.SnapKVConfig(budget=48, window=8, kernel=5)
+    cfg = snapkv.SnapKV(budget=48, window=8, kernel=5)
     after = runner.generate(ids, cfg, 1, question_tokens=12)
     assert after.cache_lengths == [48] * len(after.cache_lengths)  # the context of 138 tokens compressed
     # the same as compressing the context alone, then feeding the question as a second turn by hand
@@ -100,8 +100,8 @@ def test_the_question_is_kept_uncompressed_after_the_compressed_context():
 def test_shared_prefill_and_decoding_together_keep_the_split():
     runner = Runner(tiny_model("llama-gqa"))
     ids = run_ids()
-    settings = [snapkv.FullConfig(), snapkv.SnapKVConfig(budget=48, window=8, kernel=5),
-                snapkv.PyramidKVConfig(budget=48, window=8, kernel=5)]
+    settings = [snapkv.FullKV(), snapkv.SnapKV(budget=48, window=8, kernel=5),
+                snapkv.PyramidKV(budget=48, window=8, kernel=5)]
     alone = [runner.generate(ids, cfg, 6, question_tokens=12).tokens for cfg in settings]
     shared = [g.tokens for g in runner.generate_shared(ids, settings, 6, question_tokens=12)]
     assert shared == alone
@@ -112,7 +112,7 @@ def test_shared_prefill_and_decoding_together_keep_the_split():
 def test_the_question_needs_a_context_before_it():
     runner = Runner(tiny_model("llama-gqa"))
     with pytest.raises(snapkv.InputError, match="question_tokens=150"):
-        runner.generate(run_ids(), snapkv.FullConfig(), 2, question_tokens=150)
+        runner.generate(run_ids(), snapkv.FullKV(), 2, question_tokens=150)
 
 
 def write_rows(path, n=2):

@@ -14,7 +14,7 @@ from eval.ruler.generate import (MODEL_TEMPLATES, TASKS, export, generate, max_n
                                  score, wrap)
 from eval.ruler.metrics import nulls
 from eval.ruler.tasks import AdjNounWords
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ruler"
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")

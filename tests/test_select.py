@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from snapkv import SnapKVConfig, select_positions
+from snapkv import SnapKV, select_positions
 
 
 def official_selection(queries, keys, budget, window, kernel, pooling):
@@ -35,7 +35,7 @@ def test_matches_official_update_kv(heads, kv_heads, pooling, kernel, window, bu
     b, length, d = 2, 257, 16
     queries = torch.randn(b, heads, length, d) * 2
     keys = torch.randn(b, kv_heads, length, d) * 2
-    cfg = SnapKVConfig(budget=budget, window=window, kernel=kernel, pooling=pooling, gqa="repeat")
+    cfg = SnapKV(budget=budget, window=window, kernel=kernel, pooling=pooling, gqa="repeat")
     ours = select_positions(queries, keys, cfg)
     ref = official_selection(queries, keys, budget, window, kernel, pooling).sort(dim=-1).values
     assert ours.shape == (b, heads, budget - window)
@@ -48,7 +48,7 @@ def test_matches_official_update_kv(heads, kv_heads, pooling, kernel, window, bu
 def test_window_only_queries_accepted():
     torch.manual_seed(0)
     q, k = torch.randn(1, 4, 300, 8), torch.randn(1, 2, 300, 8)
-    cfg = SnapKVConfig(budget=64, window=16, kernel=7, gqa="repeat")
+    cfg = SnapKV(budget=64, window=16, kernel=7, gqa="repeat")
     assert torch.equal(select_positions(q, k, cfg), select_positions(q[:, :, -16:], k, cfg))
 
 
@@ -56,7 +56,7 @@ def test_window_only_queries_accepted():
 def test_gqa_aggregates_official_scores_per_kv_group(gqa):
     torch.manual_seed(1)
     q, k = torch.randn(2, 8, 120, 8), torch.randn(2, 2, 120, 8)
-    cfg = SnapKVConfig(budget=40, window=8, kernel=5, gqa=gqa)
+    cfg = SnapKV(budget=40, window=8, kernel=5, gqa=gqa)
     idx = select_positions(q, k, cfg)
     assert idx.shape == (2, 2, 32)
     # a KV group's query heads vote; with mean the vote is their average pooled score
@@ -69,7 +69,7 @@ def test_gqa_aggregates_official_scores_per_kv_group(gqa):
 def test_pooling_none_is_plain_topk():
     torch.manual_seed(2)
     q, k = torch.randn(1, 2, 100, 8), torch.randn(1, 2, 100, 8)
-    cfg = SnapKVConfig(budget=30, window=10, kernel=5, pooling="none")
+    cfg = SnapKV(budget=30, window=10, kernel=5, pooling="none")
     from snapkv.select import window_attention
     expected = window_attention(q, k, 10).topk(20, dim=-1).indices.sort(-1).values
     assert torch.equal(select_positions(q, k, cfg), expected)
@@ -80,19 +80,19 @@ def test_padded_positions_never_selected():
     q, k = torch.randn(1, 2, 100, 8), torch.randn(1, 2, 100, 8)
     pad = torch.ones(1, 100, dtype=torch.bool)
     pad[:, :30] = False
-    idx = select_positions(q, k, SnapKVConfig(budget=40, window=8, kernel=3), pad_mask=pad)
+    idx = select_positions(q, k, SnapKV(budget=40, window=8, kernel=3), pad_mask=pad)
     assert int(idx.min()) >= 30
 
 
 def test_sequence_shorter_than_budget_is_an_error():
     with pytest.raises(ValueError, match="budget"):
-        select_positions(torch.randn(1, 2, 50, 8), torch.randn(1, 2, 50, 8), SnapKVConfig(budget=64, window=8))
+        select_positions(torch.randn(1, 2, 50, 8), torch.randn(1, 2, 50, 8), SnapKV(budget=64, window=8))
 
 
 def test_select_positions_takes_a_ratio_as_the_prompts_budget():
     import torch
     import snapkv
     queries, keys = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 100, 8)
-    by_ratio = snapkv.select_positions(queries, keys, snapkv.SnapKVConfig(budget=None, ratio=0.6, window=16, kernel=3))
-    by_budget = snapkv.select_positions(queries, keys, snapkv.SnapKVConfig(budget=40, window=16, kernel=3))
+    by_ratio = snapkv.select_positions(queries, keys, snapkv.SnapKV(budget=None, ratio=0.6, window=16, kernel=3))
+    by_budget = snapkv.select_positions(queries, keys, snapkv.SnapKV(budget=40, window=16, kernel=3))
     assert torch.equal(by_ratio, by_budget)

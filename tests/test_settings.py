@@ -5,7 +5,7 @@ import pytest
 
 from conftest import compose
 from eval.settings import DERIVED, HARMLESS, TASK_SECTIONS, claim, fingerprint
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "model").glob("*.yaml"))
 CONFIGS = [("longbench", [f"model={m}"]) for m in MODELS] + [

@@ -4,22 +4,23 @@ import torch
 from transformers import DynamicCache
 
 import snapkv
+from method_settings import with_every_method
 import snapkv.methods.h2o as h2o_module
 import snapkv.methods.snapkv as snapkv_module
 from tiny_models import tiny_model
 
-SETTINGS = [
-    snapkv.SnapKVConfig(budget=48, window=8, kernel=5),
-    snapkv.FullConfig(),
-    snapkv.SnapKVConfig(budget=64, window=8, kernel=5),
-    snapkv.SnapKVConfig(budget=48, window=8, kernel=3, pooling="avgpool"),
-    snapkv.SnapKVConfig(budget=48, window=8, kernel=5, gqa="repeat"),
-    snapkv.PyramidKVConfig(budget=48, window=8, kernel=5),
-    snapkv.H2OConfig(budget=48, window=8),
-    snapkv.H2OConfig(budget=64, window=8),
-    snapkv.StreamingLLMConfig(budget=48, sink_tokens=4),
-    snapkv.RandomConfig(budget=48, window=8),
-]
+SETTINGS = with_every_method([
+    snapkv.SnapKV(budget=48, window=8, kernel=5),
+    snapkv.FullKV(),
+    snapkv.SnapKV(budget=64, window=8, kernel=5),
+    snapkv.SnapKV(budget=48, window=8, kernel=3, pooling="avgpool"),
+    snapkv.SnapKV(budget=48, window=8, kernel=5, gqa="repeat"),
+    snapkv.PyramidKV(budget=48, window=8, kernel=5),
+    snapkv.H2O(budget=48, window=8),
+    snapkv.H2O(budget=64, window=8),
+    snapkv.StreamingLLM(budget=48, sink_tokens=4),
+    snapkv.RandomKeep(budget=48, window=8),
+])
 
 
 def decode(model, cache, first_logits, steps=5, attention_mask=None):
@@ -90,9 +91,9 @@ def test_scores_that_settings_share_are_computed_once(monkeypatch):
     monkeypatch.setattr(h2o_module, "accumulated_attention", counting("h2o", h2o_module.accumulated_attention))
     model = tiny_model("llama-gqa")
     ids = torch.randint(0, 128, (1, 150))
-    settings = [snapkv.SnapKVConfig(budget=b, window=8, kernel=k) for b in (48, 64) for k in (3, 5)]
-    settings += [snapkv.SnapKVConfig(budget=48, window=16), snapkv.H2OConfig(budget=48, window=8),
-                 snapkv.H2OConfig(budget=64, window=16)]
+    settings = [snapkv.SnapKV(budget=b, window=8, kernel=k) for b in (48, 64) for k in (3, 5)]
+    settings += [snapkv.SnapKV(budget=48, window=16), snapkv.H2O(budget=48, window=8),
+                 snapkv.H2O(budget=64, window=16)]
     with snapkv.compress(model, settings), torch.no_grad():
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)
     layers = model.config.num_hidden_layers
@@ -121,4 +122,4 @@ def test_empty_or_foreign_settings_are_errors():
     with pytest.raises(ValueError, match=r"cfg=\[\]"):
         snapkv.compress(model, []).__enter__()
     with pytest.raises(ValueError, match="not a compressor config"):
-        snapkv.compress(model, [snapkv.SnapKVConfig(), "snapkv"]).__enter__()
+        snapkv.compress(model, [snapkv.SnapKV(), "snapkv"]).__enter__()

@@ -108,7 +108,7 @@ def test_out_of_memory_in_a_shared_prefill_retries_each_setting_alone(tmp_path, 
     real = Runner.generate
 
     def solo_oom_for_full(self, ids, compressor, *args, **kwargs):
-        if isinstance(compressor, snapkv.FullConfig):
+        if isinstance(compressor, snapkv.FullKV):
             raise RuntimeError("CUDA out of memory. Tried to allocate 40.00 GiB")
         return real(self, ids, compressor, *args, **kwargs)
     monkeypatch.setattr(Runner, "generate_shared", shared_oom)
@@ -163,7 +163,8 @@ def test_missing_group_file_is_one_clear_error(tmp_path):
 def test_the_sweeper_runs_a_multirun_as_one_job_per_group(tmp_path):
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "hydra/sweeper=shared_prefill", "model=tiny-llama",
+    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "hydra/sweeper=shared_prefill",
+                           "model=tiny-llama",
                            "compressor=full,snapkv", "compressor.budget=64,128", "compressor.window=8",
                            "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2",
                            f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)

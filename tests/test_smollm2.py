@@ -25,11 +25,12 @@ def test_needle_answered_with_full_kv_and_snapkv(smol):
     needle = Needle("The secret ingredient in Grandma Rosa's lemon cake is a spoonful of cardamom.", "cardamom")
     stream = haystack_tokens(tok, "noise", 1200)
     context, _ = insert_needles(tok, stream, [needle], [40], sentence_end_ids(tok, stream))
-    ids = torch.tensor([prompt_ids(tok, context, "What is the secret ingredient in Grandma Rosa's lemon cake?", "template")])
+    question = "What is the secret ingredient in Grandma Rosa's lemon cake?"
+    ids = torch.tensor([prompt_ids(tok, context, question, "template")])
     stops = stop_token_ids(runner.model, tok)
-    full = runner.generate(ids, snapkv.FullConfig(), 16, stop_ids=stops)
+    full = runner.generate(ids, snapkv.FullKV(), 16, stop_ids=stops)
     assert "cardamom" in tok.decode(full.tokens)
-    cfg_snap = snapkv.SnapKVConfig(budget=1024, window=32, kernel=7)
+    cfg_snap = snapkv.SnapKV(budget=1024, window=32, kernel=7)
     snap = runner.generate(ids, cfg_snap, 16, stop_ids=stops)
     assert "cardamom" in tok.decode(snap.tokens)
     assert snap.cache_lengths == [1024] * 30

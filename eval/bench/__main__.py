@@ -1,7 +1,7 @@
 """python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 import json
 
@@ -20,21 +20,21 @@ from .tables import figure, markdown
 
 
 def specs_of(cfg) -> list[dict]:
-    b = cfg.bench
-    methods = list(dict.fromkeys(["full", *b.methods]))
+    bench_cfg = cfg.bench
+    methods = list(dict.fromkeys(["full", *bench_cfg.methods]))
     for m in methods:
         if m not in snapkv.METHODS:
             raise InputError(f"bench.methods: {m!r} is not a method; allowed: {', '.join(sorted(snapkv.METHODS))}")
     node = compressor_fields(cfg.compressor)
     specs = []
-    for batch in b.batch_sizes:
+    for batch in bench_cfg.batch_sizes:
         specs.append(dict(method="empty_cache", run_method="full", budget=None, input_tokens=1, batch=batch))
-        for length in b.lengths:
+        for length in bench_cfg.lengths:
             for method in methods:
-                for budget in ([None] if method == "full" else b.budgets):
+                for budget in ([None] if method == "full" else bench_cfg.budgets):
                     specs.append(dict(method=method, budget=budget, input_tokens=int(length), batch=int(batch)))
     for s in specs:
-        s.update(decode_tokens=int(b.decode_tokens), repeats=int(b.repeats))
+        s.update(decode_tokens=int(bench_cfg.decode_tokens), repeats=int(bench_cfg.repeats))
         method = s.setdefault("run_method", s["method"])
         fields = {} if method == "full" else {**node, "budget": s["budget"]}
         snapkv.build_config(method, **fields)  # validate every configuration before measuring any
@@ -68,24 +68,25 @@ def _worker_row(model_cfg: dict, device: str, spec: dict) -> dict:
                 "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False,
                 "killed": True}
     if proc.returncode != 0:
-        raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n"
+                           f"{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def print_plan(cfg) -> list[dict]:
-    b, arch = cfg.bench, model_architecture(cfg.model)
+    bench_cfg, arch = cfg.bench, model_architecture(cfg.model)
     compressor = _compressor_for_plan(cfg)
     kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
                   attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
                   mlp_chunk=cfg.model.get("mlp_chunk"))
-    budget = int(float(b.memory_gib) * 2**30)
+    budget = int(float(bench_cfg.memory_gib) * 2**30)
     rows = []
     for name, comp in (("full", None), (compressor.method, compressor)):
-        for length in b.plan_lengths:
+        for length in bench_cfg.plan_lengths:
             p = plan(arch, int(length), comp, **kwargs)
             rows.append({"method": name, "input_tokens": int(length), **p, "fits": p["peak_bytes"] <= budget})
         rows.append({"method": name, "longest_fitting_tokens": longest_fitting(arch, budget, comp, **kwargs)})
-    print(f"memory plan: {cfg.model.name}, {kwargs}, {b.memory_gib} GiB")
+    print(f"memory plan: {cfg.model.name}, {kwargs}, {bench_cfg.memory_gib} GiB")
     for r in rows:
         if "longest_fitting_tokens" in r:
             print(f"  {r['method']:>10}: longest input that fits = {r['longest_fitting_tokens']} tokens")
@@ -99,7 +100,7 @@ def _compressor_for_plan(cfg):
     from ..hydra_app import make_compressor
     comp = make_compressor(cfg.compressor)
     if not comp.compresses:
-        comp = snapkv.SnapKVConfig(budget=int(cfg.bench.budgets[0]))
+        comp = snapkv.SnapKV(budget=int(cfg.bench.budgets[0]))
     return comp
 
 
@@ -150,7 +151,8 @@ def run(cfg: DictConfig):
     if cfg.bench.measure:
         # every row of a folder comes from one model, device, method settings and decode length;
         # rows are keyed by (method, budget, length, batch) inside it
-        frontier = {"bench.memory_gib": cfg.bench.memory_gib, "bench.frontier_resolution": cfg.bench.frontier_resolution,
+        frontier = {"bench.memory_gib": cfg.bench.memory_gib,
+                    "bench.frontier_resolution": cfg.bench.frontier_resolution,
                     "bench.frontier_min": cfg.bench.frontier_min} if cfg.bench.frontier else {}
         claim(out, fingerprint(cfg, {"device": device, "bench.decode_tokens": cfg.bench.decode_tokens,
                                      "bench.fresh_process": cfg.bench.fresh_process, **frontier},
@@ -165,7 +167,8 @@ def run(cfg: DictConfig):
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if cfg.bench.frontier:
         from .frontier import figure as frontier_figure, markdown as frontier_markdown, run_frontier
-        per_method = [s for s in specs if s["method"] != "empty_cache" and s["input_tokens"] == int(cfg.bench.lengths[0])]
+        per_method = [s for s in specs
+                      if s["method"] != "empty_cache" and s["input_tokens"] == int(cfg.bench.lengths[0])]
         rows = run_frontier(cfg, out, model_cfg, device, per_method)
         write_json_atomic(out / "frontier.json", rows)
         title = f"{cfg.model.name} on {device}: longest input under {cfg.bench.memory_gib} GiB"

@@ -105,8 +105,8 @@ def planned_frontier(arch: dict, compressor, cap_bytes: int, batch: int, cfg, de
 def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> list[dict]:
     """Rows ``{method, budget, batch, measured_frontier_tokens, planned_frontier_tokens, ...}``."""
     from ..runner import model_architecture
-    b = cfg.bench
-    cap = int(float(b.memory_gib) * 2**30)
+    bench_cfg = cfg.bench
+    cap = int(float(bench_cfg.memory_gib) * 2**30)
     arch = model_architecture(cfg.model)
     results = out / "frontier.jsonl"
     done = {(r["method"], r.get("budget"), r["batch"]): r for r in read_records(results, repair=True)}
@@ -122,24 +122,24 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
         if key in done:
             rows.append({**done[key], "planned_frontier_tokens": planned})
             continue
-        def run_probe(n):
+        def run_probe(n, spec=spec):
             known = probed.get(_probe_key({**spec, "input_tokens": n}))
             if known is not None:
                 return known
             # memory only: one run, no warm-up (the peak is that of the run itself)
             row = probe(model_cfg, device, {**spec, "input_tokens": n, "repeats": 1, "warmup": False}, cap,
-                        float(b.probe_timeout_s))
+                        float(bench_cfg.probe_timeout_s))
             append_record(probe_log, row)
             peak = f", {row['peak_bytes'] / 2**20:.0f} MiB" if row.get("peak_bytes") is not None else ""
             print(f"frontier {_name(spec)} batch {spec['batch']}: {n} tokens -> {row['outcome']}{peak}", flush=True)
             return row
-        if b.frontier_start == "planner" and planned:
+        if bench_cfg.frontier_start == "planner" and planned:
             # the planner's frontier (within 10% of measurement, README) brackets the search in a few probes
-            start, growth = max(int(b.frontier_min), int(planned * 0.9)), 1.2
+            start, growth = max(int(bench_cfg.frontier_min), int(planned * 0.9)), 1.2
         else:
-            start, growth = int(b.frontier_min), 2.0
-        measured, probes = bisect(run_probe, start, int(b.frontier_max), float(b.frontier_resolution), growth,
-                                  int(b.frontier_min))
+            start, growth = int(bench_cfg.frontier_min), 2.0
+        measured, probes = bisect(run_probe, start, int(bench_cfg.frontier_max),
+                                  float(bench_cfg.frontier_resolution), growth, int(bench_cfg.frontier_min))
         row = {"method": spec["method"], "budget": spec["budget"], "batch": spec["batch"],
                "memory_cap_bytes": cap, "measured_frontier_tokens": measured, "planned_frontier_tokens": planned,
                "probes": probes}
@@ -178,7 +178,8 @@ def figure(rows: list[dict], path, title: str):
     for i, batch in enumerate(batches):
         values = []
         for _, method, budget in names:
-            r = next((r for r in rows if r["method"] == method and (r["budget"] or 0) == budget and r["batch"] == batch),
+            r = next((r for r in rows
+                      if r["method"] == method and (r["budget"] or 0) == budget and r["batch"] == batch),
                      None)
             values.append((r or {}).get("measured_frontier_tokens") or 0)
         ax.bar([j + i * width for j in range(len(names))], values, width=width, label=f"batch {batch}")

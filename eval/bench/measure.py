@@ -85,7 +85,7 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
     try:
         # the baseline is a model that has run: one token initializes the runtime (thread pools,
         # kernels, the CUDA context's workspaces), which no input length changes
-        runner.generate(ids[:, :1], snapkv.FullConfig(), 1)
+        runner.generate(ids[:, :1], snapkv.FullKV(), 1)
         if not cuda:
             # before the warm-up, so that its peak counts too (it is a run at the measured length)
             _reset_cpu_peak()

@@ -16,7 +16,7 @@ process as users run it (no allocator settings), so the ratios, not the seconds,
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 import statistics
 import time
@@ -98,7 +98,7 @@ def measure_sweep(runner, prompts: list, settings: list, together: bool = True) 
     device = runner.device
     labels = [cfg.label() for cfg in settings]
     first = prompts[0]
-    runner.generate(first[0][:, :64], snapkv.FullConfig(), 2)  # warm-up: kernels, thread pools
+    runner.generate(first[0][:, :64], snapkv.FullKV(), 2)  # warm-up: kernels, thread pools
     solo = {label: {"prefill_s": [], "decode_s": [], "tokens": []} for label in labels}
     _sync(device)
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from ..jsonl import read_records
 from ..needle.grid import depths_from, lengths_from, numbers
 from ..needle.heatmap import save_heatmap
 from .generate import LinesPrompts, exact_value
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def task_settings(chat_format: str) -> dict:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..chat import encode_chat
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 ADJECTIVES = (
     "makeshift ancient brave calm crooked dizzy eager fancy gentle hollow icy jolly keen lively mellow noisy "

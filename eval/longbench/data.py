@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..jsonl import input_lines
 from ..runner import cache_root
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 PAPER_DATASETS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
                   "gov_report", "qmsum", "multi_news", "trec", "triviaqa", "samsum", "passage_count",

@@ -13,11 +13,11 @@ from collections import Counter
 import jieba
 import numpy as np
 from rouge import Rouge
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 jieba.setLogLevel(60)
 
-_CN_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+_CN_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."  # noqa: E501  (metrics.py's string)
 _EN_PUNCTUATION = set(string.punctuation)
 _ALL_PUNCTUATION = set(string.punctuation + _CN_PUNCTUATION)
 # Datasets whose prediction is cut to its first line before scoring (few-shot tasks).

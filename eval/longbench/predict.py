@@ -10,7 +10,7 @@ from ..engine import PredictionTask, Prompt, SettingRun
 from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
 from .data import check_dataset, data_source, dataset_file, file_digest, read_dataset
 from .prompt import PROTOCOLS, build_split_ids, check_protocol, extra_stop_ids, generation_length, min_new_tokens
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def pred_path(run_dir: Path, dataset: str) -> Path:
@@ -35,20 +35,20 @@ def pending_rows(rows: list[dict], path: Path, retry_oom: bool = False) -> list[
 DATASETS_FILE = "datasets.json"
 
 
-def check_task(lb) -> None:
+def check_task(longbench_cfg) -> None:
     for name in ("limit", "max_new_tokens"):
-        value = lb.get(name)
+        value = longbench_cfg.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError(f"longbench.{name}={value!r} must be a positive integer (or null)")
-    if not lb.get("revision"):
+    if not longbench_cfg.get("revision"):
         raise InputError("longbench.revision must name a revision of the hub dataset (a commit, tag or branch)")
 
 
 def task_settings(cfg) -> dict:
     """What the fingerprint records for ``data_dir`` and ``revision`` (the rest of ``cfg.longbench``
     counts as typed, see ``eval.settings``)."""
-    lb = cfg.longbench
-    return {"longbench.data_source": data_source(lb.data_dir, str(lb.revision))}
+    longbench_cfg = cfg.longbench
+    return {"longbench.data_source": data_source(longbench_cfg.data_dir, str(longbench_cfg.revision))}
 
 
 def record_datasets(out: Path, files: dict) -> dict:
@@ -84,12 +84,12 @@ class LongBenchTask(PredictionTask):
     splits_question = True
 
     def check(self, cfg) -> None:
-        lb = cfg.longbench
-        check_task(lb)
+        longbench_cfg = cfg.longbench
+        check_task(longbench_cfg)
         check_protocol(cfg.model.get("protocol", "longbench"))
-        self.model_cfg, self.lb = cfg.model, lb
-        self.datasets = [check_dataset(d) for d in lb.datasets]
-        self.sources = {d: dataset_file(d, lb.data_dir, str(lb.revision)) for d in self.datasets}
+        self.model_cfg, self.longbench_cfg = cfg.model, longbench_cfg
+        self.datasets = [check_dataset(d) for d in longbench_cfg.datasets]
+        self.sources = {d: dataset_file(d, longbench_cfg.data_dir, str(longbench_cfg.revision)) for d in self.datasets}
         self._stops: dict = {}
 
     def settings(self, cfg) -> dict:
@@ -99,7 +99,7 @@ class LongBenchTask(PredictionTask):
         data = {d: read_dataset(path) for d, path in self.sources.items()}
         self.files = {d: {"rows": len(data[d]), "sha256": file_digest(self.sources[d]), "file": str(self.sources[d])}
                       for d in self.datasets}
-        limit = self.lb.limit
+        limit = self.longbench_cfg.limit
         self.data = {d: rows[:limit] if limit else rows for d, rows in data.items()}
         return [Row(dataset, row) for dataset, rows in self.data.items() for row in rows]
 
@@ -108,7 +108,7 @@ class LongBenchTask(PredictionTask):
         pending = set()
         for dataset, rows in self.data.items():
             path = pred_path(run.out, dataset)
-            pending |= {(dataset, r["_id"]) for r in pending_rows(rows, path, bool(self.lb.retry_oom))}
+            pending |= {(dataset, r["_id"]) for r in pending_rows(rows, path, bool(self.longbench_cfg.retry_oom))}
         return pending
 
     def metadata(self, cfg) -> dict:
@@ -120,7 +120,7 @@ class LongBenchTask(PredictionTask):
         if dataset not in self._stops:
             self._stops[dataset] = stop_token_ids(model, tokenizer) + extra_stop_ids(tokenizer, dataset)
         ids, question = build_split_ids(tokenizer, item.row, dataset, int(cfg.max_length), cfg.chat_format)
-        return Prompt(ids, generation_length(dataset, self.lb.max_new_tokens), self._stops[dataset],
+        return Prompt(ids, generation_length(dataset, self.longbench_cfg.max_new_tokens), self._stops[dataset],
                       min_new_tokens(dataset, cfg.protocol), question_tokens=question)
 
     def record(self, run: SettingRun, item: Row, prompt: Prompt, generation, text) -> None:

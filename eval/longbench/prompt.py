@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..chat import encode_chat, encode_chat_split
 from .metrics import base_dataset
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 _DATA = Path(__file__).resolve().parent.parent / "data"
 PROMPTS: dict[str, str] = json.loads((_DATA / "dataset2prompt.json").read_text(encoding="utf-8"))
@@ -69,8 +69,7 @@ PROTOCOLS = {"longbench": "THUDM/LongBench LongBench/pred.py",
 
 
 def check_protocol(protocol: str) -> str:
-    if protocol not in PROTOCOLS:
-        raise InputError(f"model.protocol={protocol!r} is not allowed; choose one of {', '.join(PROTOCOLS)}")
+    check_choice("model.protocol", protocol, PROTOCOLS)
     return protocol
 
 

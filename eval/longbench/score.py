@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..jsonl import read_records, write_json_atomic
 from .metrics import base_dataset, dataset_score, dataset_score_e
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def score_pred_dir(pred_dir: Path, longbench_e: bool = False) -> tuple[dict, dict]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..jsonl import input_lines
 from ..longbench.data import file_digest, hub_dataset_file  # noqa: F401  (file_digest: re-exported for the task)
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 HUB_REPO, HUB_FILE = "THUDM/LongBench-v2", "data.json"
 CHOICES = ("A", "B", "C", "D")

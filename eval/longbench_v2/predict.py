@@ -21,7 +21,7 @@ from ..longbench.predict import pending_rows
 from .data import FIELDS, data_path, data_source, file_digest, read_rows
 from .extract import extract_answer
 from .prompt import ANSWER_TOKENS, COT, COT_ANSWER, COT_TOKENS, OFFICIAL_MAX_LEN, ZERO_SHOT, build
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 DATASET_FILE = "dataset.json"
 SOURCE = "THUDM/LongBench pred.py (LongBench v2)"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..chat import encode_chat_split
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 _DATA = Path(__file__).resolve().parent.parent / "data" / "longbench_v2"
 ZERO_SHOT, COT, COT_ANSWER = "0shot", "0shot_cot", "0shot_cot_ans"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..jsonl import read_records, write_json_atomic
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 COLUMNS = ("Overall", "Easy", "Hard", "Short", "Medium", "Long")
 NEEDED = ("judge", "pred", "difficulty", "length")
@@ -75,7 +75,8 @@ def score_folder(folder: Path, compensated: bool = False) -> tuple[dict, dict]:
     them (the file name without its last suffix). Records that ran out of memory (``oom``) are
     counted, not scored (the official script writes no line for a failed call)."""
     scores, summary = {}, {}
-    for path in sorted(p for p in Path(folder).iterdir() if p.suffix in (".json", ".jsonl") and p.is_file() and p.name not in OUTPUTS):
+    for path in sorted(p for p in Path(folder).iterdir()
+                       if p.suffix in (".json", ".jsonl") and p.is_file() and p.name not in OUTPUTS):
         name = '.'.join(path.name.split('.')[:-1])
         records = read_predictions(path)
         scored = [r for r in records if not r.get("oom")]

@@ -1,7 +1,7 @@
 """python -m eval.needle: the needle-in-a-haystack grid for a model and a compressor (Hydra app)."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 import time
 from dataclasses import dataclass
@@ -37,31 +37,30 @@ class NeedleTask:
 
 def read_task(cfg) -> NeedleTask:
     """The needle fields, each accepted as typed on the command line (numbers are text here)."""
-    nc = cfg.needle
-    if nc.get("haystack") is None:
+    needle = cfg.needle
+    if needle.get("haystack") is None:
         raise InputError("needle.haystack is required here: a folder of .txt files (the paper used Paul Graham's "
                          "essays), 'noise', or longbench:<dataset>:<dir>; set needle.haystack=DIR or NEEDLE_HAYSTACK")
     texts = {}
     for name in ("needle", "question", "answer"):
-        texts[name] = typed_text(nc.get(name), f"needle.{name}")
+        texts[name] = typed_text(needle.get(name), f"needle.{name}")
         if not texts[name].strip():
             raise InputError(f"needle.{name} must be non-empty text")
     extra = []
-    for i, item in enumerate(nc.get("extra_needles") or []):
+    for i, item in enumerate(needle.get("extra_needles") or []):
         if not hasattr(item, "get") or item.get("needle") is None or item.get("answer") is None:
             raise InputError(f"needle.extra_needles[{i}] must be a mapping {{needle: ..., answer: ...}}")
         extra.append(Needle(typed_text(item.needle, f"needle.extra_needles[{i}].needle"),
                             typed_text(item.answer, f"needle.extra_needles[{i}].answer")))
-    chat_format = nc.get("chat_format") or cfg.model.chat_format
-    if chat_format not in CHAT_FORMATS:
-        raise InputError(f"needle.chat_format={chat_format!r} is not allowed; choose one of {', '.join(CHAT_FORMATS)}")
-    max_new = numbers(nc.max_new_tokens, "needle.max_new_tokens")[0]
+    chat_format = needle.get("chat_format") or cfg.model.chat_format
+    check_choice("needle.chat_format", chat_format, CHAT_FORMATS)
+    max_new = numbers(needle.max_new_tokens, "needle.max_new_tokens")[0]
     if max_new < 1:
         raise InputError(f"needle.max_new_tokens={max_new} must be >= 1")
     return NeedleTask([Needle(texts["needle"], texts["answer"])] + extra, texts["question"],
-                      typed_text(nc.haystack, "needle.haystack"), check_prompt(nc.get("prompt", "plain")),
-                      chat_format, check_scorer(nc.get("scorer", "recall")), max_new,
-                      bool(nc.get("stop_at_newline", False)))
+                      typed_text(needle.haystack, "needle.haystack"), check_prompt(needle.get("prompt", "plain")),
+                      chat_format, check_scorer(needle.get("scorer", "recall")), max_new,
+                      bool(needle.get("stop_at_newline", False)))
 
 
 def task_settings(task: NeedleTask) -> dict:

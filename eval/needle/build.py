@@ -1,7 +1,7 @@
 """Needle prompts: a haystack cut to length, needles at sentence boundaries, the question after."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import check_choice
 
 from dataclasses import dataclass
 
@@ -56,8 +56,7 @@ def insert_needles(tokenizer, haystack: list[int], needles: list[Needle], depths
 
 
 def check_prompt(name: str) -> str:
-    if name not in PROMPTS:
-        raise InputError(f"needle.prompt={name!r} is not allowed; choose one of {', '.join(PROMPTS)}")
+    check_choice("needle.prompt", name, PROMPTS)
     return name
 
 

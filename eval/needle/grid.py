@@ -7,7 +7,7 @@ The paper's LWM-Text-Chat-1M figure has 45 "Token Limit" columns: 20 points of
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 import numpy as np
 
@@ -56,7 +56,8 @@ def lengths_from(cfg) -> list[int]:
     elif cfg.grid == "linear":
         lengths = linear(*numbers([cfg.min_length, cfg.max_length, cfg.num_lengths], "needle.min/max/num_lengths"))
     else:
-        raise InputError(f"needle.grid={cfg.grid!r} is not allowed; choose {' or '.join(GRIDS)} (or set needle.lengths)")
+        raise InputError(f"needle.grid={cfg.grid!r} is not allowed; choose {' or '.join(GRIDS)} "
+                         "(or set needle.lengths)")
     if not lengths or any(n < 1 for n in lengths):
         raise InputError(f"needle.lengths={lengths}: give positive token counts")
     return sorted(set(lengths))

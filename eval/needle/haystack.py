@@ -1,7 +1,7 @@
 """Haystacks: neutral noise written here, any folder of .txt files, or LongBench contexts."""
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 from pathlib import Path
 

@@ -8,7 +8,7 @@ which that code multiplies by 10; here it stays on 0-1. An empty response scores
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 from collections import Counter
 from functools import lru_cache
@@ -52,6 +52,5 @@ def cell_scores(response: str, needles) -> dict:
 
 
 def check_scorer(name: str) -> str:
-    if name not in SCORERS:
-        raise InputError(f"needle.scorer={name!r} is not allowed; choose one of {', '.join(SCORERS)}")
+    check_choice("needle.scorer", name, SCORERS)
     return name

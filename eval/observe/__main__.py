@@ -15,76 +15,76 @@ from .capture import Windows, hit_rate_pass, last_window_votes
 from .data import load_samples
 from .hits import overlap
 from .summary import figures, overlap_table, tables
-from snapkv.config import InputError
+from snapkv.errors import InputError, check_choice
 
 RESPONSES = ("reference", "model")
 VARIANTS = ("hits", "instructions")
 POOLINGS = ("none", "maxpool", "avgpool")
 
 
-def check(ob) -> None:
+def check(observe) -> None:
     for name in ("window", "prompt_windows", "response_windows", "kernel", "other_instructions"):
-        value = ob[name]
+        value = observe[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"observe.{name}={value!r} must be an integer >= 1")
-    if not 0 < float(ob.p) <= 1:
-        raise InputError(f"observe.p={ob.p!r} is the kept fraction: a number in (0, 1]")
-    if not 0 < float(ob.theta) < 1:
-        raise InputError(f"observe.theta={ob.theta!r} is an attention threshold: a number in (0, 1)")
+    if not 0 < float(observe.p) <= 1:
+        raise InputError(f"observe.p={observe.p!r} is the kept fraction: a number in (0, 1]")
+    if not 0 < float(observe.theta) < 1:
+        raise InputError(f"observe.theta={observe.theta!r} is an attention threshold: a number in (0, 1)")
     for name, allowed in (("response", RESPONSES), ("variant", VARIANTS), ("pooling", POOLINGS)):
-        if ob[name] not in allowed:
-            raise InputError(f"observe.{name}={ob[name]!r} is not allowed; choose one of {', '.join(allowed)}")
-    if ob.kernel % 2 == 0:
-        raise InputError(f"observe.kernel={ob.kernel} must be odd")
+        check_choice(f"observe.{name}", observe[name], allowed)
+    if observe.kernel % 2 == 0:
+        raise InputError(f"observe.kernel={observe.kernel} must be odd")
 
 
-def response_ids(runner, tokenizer, sample, ob) -> list[int]:
-    needed = ob.response_windows * ob.window
-    if ob.response == "reference":
+def response_ids(runner, tokenizer, sample, observe) -> list[int]:
+    needed = observe.response_windows * observe.window
+    if observe.response == "reference":
         return tokenizer(sample.response or "", add_special_tokens=False).input_ids
-    gen = runner.generate(torch.tensor([sample.prompt_ids]), snapkv.FullConfig(), needed)
+    gen = runner.generate(torch.tensor([sample.prompt_ids]), snapkv.FullKV(), needed)
     return gen.tokens
 
 
 def run(cfg: DictConfig):
     from ..runner import Runner, load_model, load_tokenizer
-    ob = cfg.observe
-    check(ob)
+    observe = cfg.observe
+    check(observe)
     out = output_dir(cfg)
-    result_file = "hits.jsonl" if ob.variant == "hits" else "overlap.jsonl"
+    result_file = "hits.jsonl" if observe.variant == "hits" else "overlap.jsonl"
     claim(out, fingerprint(cfg), cfg.resume, [result_file])
     tokenizer = load_tokenizer(cfg.model)
     samples = load_samples(cfg, tokenizer)
     results = out / result_file
     done = {r["sample"] for r in read_records(results, repair=True)}
-    need_prompt = max(int(ob.min_prompt_tokens), ob.prompt_windows * ob.window + 1)
+    need_prompt = max(int(observe.min_prompt_tokens), observe.prompt_windows * observe.window + 1)
     eligible = [s for s in samples if len(s.prompt_ids) >= need_prompt]
     print(f"observe: {len(samples)} samples, {len(eligible)} with prompts of >= {need_prompt} tokens", end="")
-    if ob.limit:
-        eligible = eligible[: int(ob.limit)]
+    if observe.limit:
+        eligible = eligible[: int(observe.limit)]
     todo = [s for s in eligible if s.id not in done]
     print(f"; {len(todo)} to run")
     if todo:
-        save_run_metadata(cfg, out, snapkv.FullConfig())
+        save_run_metadata(cfg, out, snapkv.FullKV())
         model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
         runner = Runner(model, tokenizer)
         device = runner.device
         for sample in tqdm(todo, desc="observe", unit="sample", dynamic_ncols=True):
-            if ob.variant == "instructions":
+            if observe.variant == "instructions":
                 record = instruction_overlap(model, tokenizer, sample, samples, cfg, device)
             else:
-                record = hit_rate_record(model, runner, tokenizer, sample, ob, device)
+                record = hit_rate_record(model, runner, tokenizer, sample, observe, device)
             if record is not None:
                 append_record(results, record)
-    key = "layers" if ob.variant == "instructions" else "records"
+    key = "layers" if observe.variant == "instructions" else "records"
     lines = [line for line in read_records(results) if line.get(key)]
     if not lines:
+        need_response = max(int(observe.min_response_tokens), observe.response_windows * observe.window)
         raise InputError(f"observe: no sample qualified (prompt >= {need_prompt} tokens, response >= "
-                         f"{max(int(ob.min_response_tokens), ob.response_windows * ob.window)} tokens); lower "
+                         f"{need_response} tokens); lower "
                          "observe.min_prompt_tokens / min_response_tokens / window, or use other data")
-    settings = (f"{cfg.model.name}, window {ob.window}, p {ob.p}, theta {ob.theta}, pooling {ob.pooling}, "
-                f"question at the {ob.question_position}, response: {ob.response}")
-    if ob.variant == "instructions":
+    settings = (f"{cfg.model.name}, window {observe.window}, p {observe.p}, theta {observe.theta}, "
+                f"pooling {observe.pooling}, question at the {observe.question_position}, response: {observe.response}")
+    if observe.variant == "instructions":
         (out / "overlap.md").write_text(overlap_table(lines), encoding="utf-8")
         print((out / "overlap.md").read_text())
         return lines
@@ -95,15 +95,15 @@ def run(cfg: DictConfig):
     return lines
 
 
-def hit_rate_record(model, runner, tokenizer, sample, ob, device) -> dict | None:
-    response = response_ids(runner, tokenizer, sample, ob)
-    need = max(int(ob.min_response_tokens), ob.response_windows * ob.window)
+def hit_rate_record(model, runner, tokenizer, sample, observe, device) -> dict | None:
+    response = response_ids(runner, tokenizer, sample, observe)
+    need = max(int(observe.min_response_tokens), observe.response_windows * observe.window)
     if len(response) < need:
         print(f"observe: sample {sample.id}: response of {len(response)} tokens < {need}; skipped")
         return {"sample": sample.id, "skipped": f"response of {len(response)} tokens < {need}", "records": []}
-    w = Windows(len(sample.prompt_ids), ob.window, ob.prompt_windows, ob.response_windows)
-    ids = torch.tensor([sample.prompt_ids + response[: ob.response_windows * ob.window]], device=device)
-    records = hit_rate_pass(model, ids, w, float(ob.p), float(ob.theta), ob.pooling, ob.kernel)
+    w = Windows(len(sample.prompt_ids), observe.window, observe.prompt_windows, observe.response_windows)
+    ids = torch.tensor([sample.prompt_ids + response[: observe.response_windows * observe.window]], device=device)
+    records = hit_rate_pass(model, ids, w, float(observe.p), float(observe.theta), observe.pooling, observe.kernel)
     return {"sample": sample.id, "prompt_tokens": w.prompt_len, "response_tokens": len(response),
             "records": records}
 
@@ -111,10 +111,10 @@ def hit_rate_record(model, runner, tokenizer, sample, ob, device) -> dict | None
 def instruction_overlap(model, tokenizer, sample, samples, cfg, device) -> dict | None:
     """The same document with other rows' questions: overlap of the last window's selections over
     the tokens the two prompts share (the document, before the question)."""
-    ob = cfg.observe
+    observe = cfg.observe
     if sample.row is None:
         raise InputError("observe.variant=instructions needs LongBench rows (observe.data=longbench:...)")
-    others = [s.row["input"] for s in samples if s.id != sample.id][: ob.other_instructions]
+    others = [s.row["input"] for s in samples if s.id != sample.id][: observe.other_instructions]
     own = torch.tensor([sample.prompt_ids], device=device)
     result = {"sample": sample.id, "others": [], "layers": None}
     per_pair = []
@@ -122,12 +122,13 @@ def instruction_overlap(model, tokenizer, sample, samples, cfg, device) -> dict 
         variant = dict(sample.row, input=question)
         ids = _prompt_of(variant, tokenizer, cfg)
         shared = next((i for i, (a, b) in enumerate(zip(sample.prompt_ids, ids)) if a != b), min(len(ids), len(own[0])))
-        prefix = min(shared, len(ids) - ob.window, own.shape[1] - ob.window)
+        prefix = min(shared, len(ids) - observe.window, own.shape[1] - observe.window)
         if prefix < 1:
             continue
-        va = last_window_votes(model, own, ob.window, prefix)
-        vb = last_window_votes(model, torch.tensor([ids], device=device), ob.window, prefix)
-        per_pair.append([[round(float(x), 5) for x in overlap(va[l], vb[l], float(ob.p), ob.pooling, ob.kernel)]
+        va = last_window_votes(model, own, observe.window, prefix)
+        vb = last_window_votes(model, torch.tensor([ids], device=device), observe.window, prefix)
+        per_pair.append([[round(float(x), 5)
+                          for x in overlap(va[l], vb[l], float(observe.p), observe.pooling, observe.kernel)]
                          for l in sorted(va)])
         result["others"].append(question)
     if not per_pair:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from snapkv.architectures import check_supported, decoder_layers, queries_at
-from snapkv.patch import _cache_of
+from snapkv.transformers_workarounds import cache_argument
 from snapkv.select import scale_scores
 
 from .hits import hit_rates
@@ -95,7 +95,7 @@ def _run_with_hook(model, ids: torch.Tensor, on_layer) -> None:
     handles = []
 
     def hook(module, args, kwargs, output):
-        layer = _cache_of(kwargs).layers[module.layer_idx]
+        layer = cache_argument(kwargs).layers[module.layer_idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         with torch.no_grad():
             on_layer(module, hidden, kwargs["position_embeddings"], layer.keys)

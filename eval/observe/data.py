@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..chat import encode_chat
 from ..jsonl import input_lines
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 @dataclass
@@ -74,15 +74,15 @@ def longbench_samples(spec: str, tokenizer, chat_format: str, max_length: int, q
 
 
 def load_samples(cfg, tokenizer) -> list[Sample]:
-    ob = cfg.observe
-    if ob.question_position not in ("end", "start"):
-        raise InputError(f"observe.question_position={ob.question_position!r} is not allowed; choose end or start")
-    spec = str(ob.data)
+    observe = cfg.observe
+    if observe.question_position not in ("end", "start"):
+        raise InputError(f"observe.question_position={observe.question_position!r} is not allowed; choose end or start")
+    spec = str(observe.data)
     if spec.startswith("longbench:"):
         return longbench_samples(spec, tokenizer, cfg.model.chat_format, int(cfg.model.max_length),
-                                 ob.question_position)
+                                 observe.question_position)
     if not Path(spec).is_file():
         raise InputError(f"observe.data={spec!r}: not longbench:<dataset>:<dir> and no such .jsonl file")
-    if ob.question_position != "end":
+    if observe.question_position != "end":
         raise InputError("observe.question_position=start needs LongBench rows (observe.data=longbench:...)")
     return conversation_samples(Path(spec), tokenizer)

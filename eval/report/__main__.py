@@ -13,7 +13,7 @@ from .collect import bench_runs, longbench_runs, needle_runs, observe_runs, rule
 from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
 from .ruler import write_ruler_tables
 from .table1 import write_tables
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 
 def run(cfg: DictConfig):
@@ -22,10 +22,10 @@ def run(cfg: DictConfig):
         raise InputError(f"report.runs={root}: no such folder (run a task first, e.g. make demo)")
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    lb = longbench_runs(root)
-    if lb:
-        written += write_tables(lb, out, list(snapkv.METHODS))
-        written += budget_curves(lb, out)
+    longbench_rows = longbench_runs(root)
+    if longbench_rows:
+        written += write_tables(longbench_rows, out, list(snapkv.METHODS))
+        written += budget_curves(longbench_rows, out)
     ruler = ruler_runs(root)
     written += write_ruler_tables(ruler, out)
     written += budget_curves(ruler, out, "ruler_budget_curve") if ruler else []
@@ -37,7 +37,7 @@ def run(cfg: DictConfig):
     if cfg.report.get("label"):
         (out / "README.md").write_text(f"{cfg.report.label}\n", encoding="utf-8")
         written.append(out / "README.md")
-    print(f"{len(lb)} LongBench runs -> {len(written)} files under {out}")
+    print(f"{len(longbench_rows)} LongBench runs -> {len(written)} files under {out}")
     for path in written:
         print(f"  {path}")
     return written

@@ -125,7 +125,8 @@ def write_table(rows: list[dict], out: Path, name: str, caption: str, columns=No
         md.append(f"| {r['model']} | {r['setting']} | {r['source']} | " + " | ".join(_cell(r, c) for c in cols) + " |")
         if r["model"] != model:
             model = r["model"]
-            tex += ["\\midrule", f"\\multicolumn{{{len(cols) + 2}}}{{l}}{{\\textit{{{_tex(model)}}}}} \\\\", "\\midrule"]
+            title = f"\\multicolumn{{{len(cols) + 2}}}{{l}}{{\\textit{{{_tex(model)}}}}} \\\\"
+            tex += ["\\midrule", title, "\\midrule"]
         tex.append(" & ".join([_tex(r["setting"]), r["source"]] + [_tex(_cell(r, c)) for c in cols]) + " \\\\")
     tex += ["\\bottomrule", "\\end{tabular}"]
     settings = sorted({(r["setting"], r["tag"]) for r in rows})
@@ -138,7 +139,8 @@ def write_table(rows: list[dict], out: Path, name: str, caption: str, columns=No
         writer = csv.DictWriter(f, fieldnames=["model", "setting", "tag", "source", *cols, "incomplete"])
         writer.writeheader()
         for r in rows:
-            writer.writerow({**{k: ("" if r.get(k) is None else r[k]) for k in ["model", "setting", "tag", "source", *cols]},
+            fields = ["model", "setting", "tag", "source", *cols]
+            writer.writerow({**{k: ("" if r.get(k) is None else r[k]) for k in fields},
                              "incomplete": "; ".join(f"{d}: {n}" for d, n in r["incomplete"].items())})
     paths[2].write_text("\n".join(tex) + "\n% settings: " + "; ".join(f"{l} = {t}" for l, t in settings) + "\n",
                         encoding="utf-8")
@@ -167,7 +169,8 @@ def hyperparam_rows(runs: list[dict]) -> list[dict]:
         for setting in HYPERPARAMS:
             if setting in found:
                 row = _ours(found[setting], ())
-                row["setting"] = f"window {setting[0]}, kernel {setting[1]}" + (" (no pooling)" if setting[1] == 1 else "")
+                no_pooling = " (no pooling)" if setting[1] == 1 else ""
+                row["setting"] = f"window {setting[0]}, kernel {setting[1]}{no_pooling}"
                 rows.append(row)
     return rows
 

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 from . import tasks as _tasks
 from .metrics import score

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 from .templates import BASE_TASKS, TASK_CONFIGS, check_task
 

@@ -17,7 +17,7 @@ from ..engine import PredictionTask, Prompt, SettingRun
 from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
 from .generate import MODEL_TEMPLATES, TASKS, generate, max_new_tokens, parts
 from .metrics import nulls, score
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 SOURCE = "hsiehjackson/RULER scripts/data/prepare.py + scripts/eval/evaluate.py (synthetic.yaml)"
 SCORES_FILE = "scores.json"

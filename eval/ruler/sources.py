@@ -17,7 +17,7 @@ import zipfile
 from collections import defaultdict
 from pathlib import Path
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 # RULER's scripts/data/synthetic/json/download_qa_dataset.sh
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
@@ -120,7 +120,8 @@ def _params_from_dir(lang_dir: Path):
     params.collocations = {tuple(line.split("\t")) for line in lines("collocations.tab")}
     params.sent_starters = set(lines("sent_starters.txt"))
     params.abbrev_types = set(lines("abbrev_types.txt"))
-    params.ortho_context = defaultdict(int, {a: int(b) for a, b in (line.split("\t") for line in lines("ortho_context.tab"))})
+    pairs = (line.split("\t") for line in lines("ortho_context.tab"))
+    params.ortho_context = defaultdict(int, {a: int(b) for a, b in pairs})
     return params
 
 

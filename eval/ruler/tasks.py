@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 from . import sources
 from .templates import BASE_TASKS
@@ -495,7 +495,7 @@ def qa(run: Run) -> list[dict]:
             num_docs = len(docs)
             break
 
-    return [_row(run, index, *_fitted(run, lambda used: make(index, used), num_docs, incremental))
+    return [_row(run, index, *_fitted(run, lambda used, index=index: make(index, used), num_docs, incremental))
             for index in range(run.num_samples)]
 
 

@@ -9,7 +9,7 @@ The strings are RULER's, typos included ("assgined"), since they are part of eve
 """
 from __future__ import annotations
 
-from snapkv.config import InputError
+from snapkv.errors import InputError
 
 MODEL_TEMPLATES = {
     "base": "{task_template}",

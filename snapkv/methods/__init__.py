@@ -1,9 +1,9 @@
 """One compression method a file; importing this package registers them all."""
-from .full import FullConfig
-from .snapkv import SnapKVConfig
-from .pyramidkv import PyramidKVConfig
-from .h2o import H2OConfig
-from .streamingllm import StreamingLLMConfig
-from .random import RandomConfig
+from .full import FullKV
+from .snapkv import SnapKV
+from .pyramidkv import PyramidKV
+from .h2o import H2O
+from .streamingllm import StreamingLLM
+from .random import RandomKeep
 
-__all__ = ["FullConfig", "SnapKVConfig", "PyramidKVConfig", "H2OConfig", "StreamingLLMConfig", "RandomConfig"]
+__all__ = ["FullKV", "SnapKV", "PyramidKV", "H2O", "StreamingLLM", "RandomKeep"]

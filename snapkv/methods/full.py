@@ -3,21 +3,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import CompressorConfig, InputError, register
+from ..method import Method, InputError, register
 
 
 @register
 @dataclass
-class FullConfig(CompressorConfig):
+class FullKV(Method):
     method = "full"
     display_name = "FullKV"
+    tag_parts = ()
     budget: int | None = None
     window: int = 0
 
     def validate(self) -> None:
         for name in ("budget", "ratio"):
             if getattr(self, name) is not None:
-                raise InputError(f"{name}={getattr(self, name)!r}: full KV keeps every token; leave {name} unset (null)")
+                raise InputError(f"{name}={getattr(self, name)!r}: full KV keeps every token; "
+                                 f"leave {name} unset (null)")
 
     @property
     def compresses(self) -> bool:

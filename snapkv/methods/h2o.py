@@ -5,7 +5,9 @@ As SnapKV's Table 1 ran it, through KVCache-Factory ``pyramidkv/pyramidkv_utils.
 (``H2OKVCluster.update_kv``): at prefill every prompt query's causal attention (softmax in float32,
 cast back to the model dtype) is summed per key in the model dtype; the ``budget - window`` keys with
 the largest total among the earlier positions are kept with the last ``window`` tokens; no pooling,
-and no further eviction while decoding (the original H2O evicts at every step).
+and no further eviction while decoding (the original H2O evicts at every step). The SnapKV paper
+does not state H2O's window: 32 here, as its SnapKV settings; KVCache-Factory's ``run_longbench.py``
+uses 8 (``compressor.window=8``).
 ``accumulate="float32"`` sums in float32 instead (a deliberate deviation, more exact in half
 precision). The L x L attention is never held: queries are processed in chunks and only the column
 sums are kept, added in float32 and rounded to the model dtype once (the official one-shot sum
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CompressorConfig, check_choice, register
+from ..method import Method, check_choice, register
 from ..select import aggregate_heads, scale_scores
 
 _QUERY_CHUNK = 1024
@@ -68,9 +70,10 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
 
 @register
 @dataclass
-class H2OConfig(CompressorConfig):
+class H2O(Method):
     method = "h2o"
     display_name = "H2O"
+    tag_parts = ("w{window}", "{gqa}", "{accumulate}")
     budget: int = 4096
     window: int = 32
     gqa: str = "mean"

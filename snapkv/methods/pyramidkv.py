@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import check_int, register
-from .snapkv import SnapKVConfig
+from ..method import check_int, register
+from .snapkv import SnapKV
 
 
 @register
 @dataclass
-class PyramidKVConfig(SnapKVConfig):
+class PyramidKV(SnapKV):
     method = "pyramidkv"
     display_name = "PyramidKV"
+    tag_parts = ("w{window}", "k{kernel}", "{pooling}", "{gqa}", "beta{beta}")
     beta: int = 20
 
     def validate(self) -> None:

@@ -5,15 +5,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CompressorConfig, register
+from ..method import Method, register
 from ..memory import votes_bytes
 
 
 @register
 @dataclass
-class RandomConfig(CompressorConfig):
+class RandomKeep(Method):
     method = "random"
     display_name = "Random"
+    tag_parts = ("w{window}", "s{seed}")
+    untagged = ("gqa",)  # the draw is per KV head whatever gqa says
     seed: int = 0
 
     def score(self, ctx):

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import CompressorConfig, InputError, POOLINGS, check_choice, check_int, register
+from ..method import Method, InputError, POOLINGS, check_choice, check_int, register
 from ..memory import window_scores_bytes
 from ..select import aggregate_heads, pool, window_attention
 
 
 @register
 @dataclass
-class SnapKVConfig(CompressorConfig):
-    """Defaults are the paper's LongBench setting: window 32, kernel 7, max pooling."""
+class SnapKV(Method):
+    """Defaults are the paper's LongBench setting (the official SnapKV LongBench configs): window 32,
+    kernel 7, max pooling."""
 
     method = "snapkv"
     display_name = "SnapKV"
+    tag_parts = ("w{window}", "k{kernel}", "{pooling}", "{gqa}")
     budget: int = 1024
     window: int = 32
     kernel: int = 7

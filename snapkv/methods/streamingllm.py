@@ -1,6 +1,7 @@
 """StreamingLLM (arXiv 2309.17453) applied once at prefill: attention sinks plus recent tokens.
 
-Keeps the first ``sink_tokens`` real tokens and the last ``budget - sink_tokens``. Keys keep the
+Keeps the first ``sink_tokens`` real tokens (4, the paper's setting) and the last
+``budget - sink_tokens``, as KVCache-Factory ``run_longbench.py`` sets it. Keys keep the
 RoPE positions they were computed with (the original re-indexes positions inside its rolling
 cache; a prompt compressed once has no need to).
 """
@@ -10,15 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CompressorConfig, InputError, check_int, register
+from ..method import Method, InputError, check_int, register
 from ..memory import votes_bytes
 
 
 @register
 @dataclass
-class StreamingLLMConfig(CompressorConfig):
+class StreamingLLM(Method):
     method = "streamingllm"
     display_name = "StreamingLLM"
+    tag_parts = ("s{sink_tokens}",)
+    untagged = ("gqa",)  # sinks and recent tokens are the same for every head
     derived = ("window",)
     budget: int = 1024
     sink_tokens: int = 4

@@ -4,27 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from .errors import InputError, check_choice, check_int
+
 POOLINGS = ("maxpool", "avgpool", "none")
-
-
-class InputError(ValueError):
-    """A setting or input the user can fix; the command-line apps print its message as one line and
-    exit 2 (any other exception keeps its traceback)."""
 GQA_MODES = ("mean", "max", "repeat")
 
-
-def check_choice(field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise InputError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
-
-
-def check_int(field: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"{field}={value!r} must be an integer >= {minimum}")
+__all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES", "METHODS", "register",
+           "build_config"]
 
 
 @dataclass
-class CompressorConfig:
+class Method:
     """Base of all method configs.
 
     ``budget`` is the number of tokens each head keeps after prefill, the always-kept recent
@@ -41,7 +31,11 @@ class CompressorConfig:
 
     method: ClassVar[str] = ""
     display_name: ClassVar[str] = ""
-    derived: ClassVar[tuple] = ()   # fields computed from others (left out of labels)
+    derived: ClassVar[tuple] = ()   # fields computed from others (left out of labels, tags and configs)
+    # how the fields appear in a run's folder tag after ``<method>-<size>``; a field not named here
+    # is added as ``<name><value>`` (``tag_template``), so two settings never share a folder
+    tag_parts: ClassVar[tuple] = ("w{window}", "{gqa}")
+    untagged: ClassVar[tuple] = ()  # fields that cannot change what is kept (still in the fingerprint)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +104,14 @@ class CompressorConfig:
         size = f"{self.budget}" if self.ratio is None else f"ratio {self.ratio:g}"
         return f"{name} {size}" + (f" ({', '.join(changed)})" if changed else "")
 
+    @classmethod
+    def tag_template(cls) -> tuple:
+        """Every field's part of the run tag, ``tag_parts`` first (``("w{window}", "k{kernel}", ...)``)."""
+        named = "".join(cls.tag_parts)
+        rest = tuple(f"{f.name}{{{f.name}}}" for f in fields(cls)
+                     if f.name not in ("budget", "ratio", *cls.derived, *cls.untagged) and f"{{{f.name}}}" not in named)
+        return tuple(cls.tag_parts) + rest
+
     def describe(self) -> dict:
         out = {"method": self.method}
         out.update({f.name: getattr(self, f.name) for f in fields(self)})
@@ -124,7 +126,7 @@ def register(cls):
     return cls
 
 
-def build_config(method: str, **values) -> CompressorConfig:
+def build_config(method: str, **values) -> Method:
     """Build a method's config from loose values (e.g. a Hydra node).
 
     Fields common to the compressor config group (budget, window, kernel, pooling, gqa) that a

@@ -15,6 +15,9 @@ dropped, so memory holds the kept caches plus one layer's full KV. Scores that s
 compute alike (SnapKV's window attention for every budget and kernel, H2O's accumulated attention
 for every budget) are computed once per layer (``LayerContext.shared``); each cache equals the one
 that setting alone produces, tensor for tensor.
+
+Each cache carries its state (``snapkv.cache_state``, with the table of its lifecycle); every
+place where transformers must be worked around is in ``snapkv.transformers_workarounds``.
 """
 from __future__ import annotations
 
@@ -22,29 +25,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
 from .architectures import check_supported, decoder_layers, window_queries
-from .config import CompressorConfig, InputError
+from .cache_state import CacheState, set_state, state_of
+from .errors import InputError
+from .method import Method
 from .select import top_positions
-
-
-def _cache_of(kwargs):
-    return kwargs.get("cache", kwargs.get("past_key_values"))
-
-
-class RepeatedKVLayer(DynamicLayer):
-    """A cache layer holding one KV head per query head (``gqa="repeat"``, the official layout)."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, groups: int):
-        super().__init__()
-        self.lazy_initialization(keys, values)
-        self.keys, self.values, self.groups = keys, values, groups
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        key_states = key_states.repeat_interleave(self.groups, dim=1)
-        value_states = value_states.repeat_interleave(self.groups, dim=1)
-        return super().update(key_states, value_states, *args, **kwargs)
+from .transformers_workarounds import (RepeatedKVLayer, cache_argument, check_cache, checked_generate, filled_layer,
+                                       kv_groups_for)
 
 
 @dataclass
@@ -78,44 +67,6 @@ class LayerContext:
         return getattr(self.attn, "scaling", None)
 
 
-@dataclass
-class CacheState:
-    """What a compressed cache needs to be decoded correctly; it lives on the cache object, so several
-    caches can be alive in one session and each keeps its own positions and mask."""
-    pad_mask: torch.Tensor | None       # padding of the sequence being compressed now
-    next_positions: torch.Tensor
-    consumed: int
-    in_prefill: bool = True
-    cache_lengths: dict = field(default_factory=dict)
-    kept_mask: torch.Tensor | None = None
-    compressed: bool = False
-    query_len: int = 0
-    pass_kept: torch.Tensor | None = None  # padding kept by the first layer compressed in this pass
-    cfg: CompressorConfig | None = None    # the setting this cache follows
-    siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
-    layer_masks: list | None = None       # caches merged into one batch: per layer, [rows, length] real slots
-
-
-_STATE = "_snapkv_state"
-
-
-def state_of(cache) -> CacheState | None:
-    return getattr(cache, _STATE, None)
-
-
-def set_state(cache, state: CacheState) -> None:
-    setattr(cache, _STATE, state)
-
-
-def _check_cache(cache) -> None:
-    ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
-        type(layer) in (DynamicLayer, RepeatedKVLayer) or getattr(layer, "snapkv_layer", False)
-        for layer in cache.layers)
-    if not ok:
-        raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
-                         "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")
-
-
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
@@ -124,8 +75,8 @@ class CompressionSession:
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
         for one in cfgs:
-            if not isinstance(one, CompressorConfig):
-                raise InputError(f"cfg={type(one).__name__} is not a compressor config (SnapKVConfig, H2OConfig, ...)")
+            if not isinstance(one, Method):
+                raise InputError(f"cfg={type(one).__name__} is not a compressor config (SnapKV, H2O, ...)")
         check_supported(model)
         limit = getattr(model.config, "max_position_embeddings", None)
         for one in cfgs:
@@ -153,7 +104,7 @@ class CompressionSession:
             self._handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
         if hasattr(self.model, "generate"):
             self._generate = self.model.generate
-            self.model.generate = self._checked_generate
+            self.model.generate = checked_generate(self.model, self._generate)
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -165,21 +116,6 @@ class CompressionSession:
             del self.model.generate  # the class method is back
             self._generate = None
 
-    def _checked_generate(self, *args, **kwargs):
-        """``generate`` with the decoding strategies a compressed cache cannot follow refused."""
-        config = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
-        def setting(name, default=None):
-            return kwargs.get(name, getattr(config, name, default))
-        if (setting("num_beams", 1) or 1) > 1:
-            raise InputError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
-                             "positions do not follow; use greedy or sampling")
-        if setting("prefill_chunk_size"):
-            raise InputError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
-                             "prefill in one pass (snapkv.chunked_mlp bounds the memory of long prefills)")
-        if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
-            raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
-        return self._generate(*args, **kwargs)
-
     @property
     def cache_lengths(self) -> list[int]:
         """Tokens per head each layer kept at the last prefill (the first setting's)."""
@@ -188,12 +124,11 @@ class CompressionSession:
     @property
     def lengths_per_setting(self) -> list[list[int]]:
         """Per setting, in the order given, the tokens per head each layer kept at the last prefill."""
-        states = [state_of(cache) for cache in self.caches]
-        return [[state.cache_lengths[i] for i in sorted(state.cache_lengths)] for state in states]
+        return [state_of(cache).lengths() for cache in self.caches]
 
     # -- decoder-level hooks ----------------------------------------------------------------
     def _before_decoder(self, module, args, kwargs):
-        cache = _cache_of(kwargs)
+        cache = cache_argument(kwargs)
         tokens = kwargs.get("input_ids")
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
@@ -202,7 +137,7 @@ class CompressionSession:
         q_len = tokens.shape[1]
         if cache is None:
             return None
-        _check_cache(cache)
+        check_cache(cache)
         state = state_of(cache)
         if state is None:
             if cache.get_seq_length() != 0:
@@ -213,29 +148,16 @@ class CompressionSession:
             self.caches = [cache] + [sibling for sibling, _ in state.siblings]
             return None
         if not state.compressed:  # e.g. full KV, or a prompt within the budget: a plain cache
-            state.consumed += q_len
-            state.next_positions = state.next_positions + q_len
+            state.advance(q_len)
             return None
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
             raise InputError("attention_mask: a 4-D mask cannot follow a compressed cache; pass the 2-D padding mask")
+        positions, kwargs["attention_mask"] = state.begin_pass(q_len, self.compress_later_turns)
         if kwargs.get("position_ids") is None:
-            steps = torch.arange(q_len, device=state.next_positions.device)
-            kwargs["position_ids"] = state.next_positions[:, None] + steps[None, :]
-        state.next_positions = state.next_positions + q_len
-        state.consumed += q_len
-        state.query_len = q_len
-        state.in_prefill = self.compress_later_turns and q_len > 1
-        state.pass_kept = None
-        if state.kept_mask is None:
-            # No padding was kept: causal masking is right for every layer, whatever its length; a
-            # multi-token continuation gets a per-layer mask in _before_attention.
-            kwargs["attention_mask"] = None
-        else:
-            ones = torch.ones(state.kept_mask.shape[0], q_len, dtype=torch.bool, device=state.kept_mask.device)
-            state.kept_mask = torch.cat([state.kept_mask, ones], dim=1)
-            kwargs["attention_mask"] = state.kept_mask
-        state.pad_mask = state.kept_mask
+            kwargs["position_ids"] = positions
+        # no kept padding: causal masking is right for every layer, whatever its length (a
+        # multi-token continuation gets a per-layer mask in _before_attention)
         return args, kwargs
 
     def _start_prefill(self, kwargs, q_len: int, tokens) -> CacheState:
@@ -260,7 +182,7 @@ class CompressionSession:
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
 
         def state(cfg):
-            return CacheState(pad_mask=pad_mask, next_positions=next_positions.clone(), consumed=q_len, cfg=cfg)
+            return CacheState.for_prefill(cfg, pad_mask, next_positions, q_len)
         first = state(self.cfgs[0])
         first.siblings = [(DynamicCache(config=self.model.config), state(cfg)) for cfg in self.cfgs[1:]]
         for sibling, sibling_state in first.siblings:
@@ -268,20 +190,17 @@ class CompressionSession:
         return first
 
     def _after_decoder(self, module, args, kwargs, output):
-        state = state_of(_cache_of(kwargs)) if _cache_of(kwargs) is not None else None
+        cache = cache_argument(kwargs)
+        state = state_of(cache) if cache is not None else None
         if state is not None:
-            state.in_prefill = False
-            for _, sibling in state.siblings:
-                sibling.in_prefill = False
-            state.siblings = []  # filled by this prefill; each cache decodes on its own from now on
+            state.end_pass()
 
     # -- attention-level hooks --------------------------------------------------------------
     def _before_attention(self, module, args, kwargs):
-        cache = _cache_of(kwargs)
+        cache = cache_argument(kwargs)
         if cache is None or module.layer_idx >= len(cache.layers):
             return None
-        repeated = isinstance(cache.layers[module.layer_idx], RepeatedKVLayer)
-        module.num_key_value_groups = 1 if repeated else self._groups[module]
+        module.num_key_value_groups = kv_groups_for(cache.layers[module.layer_idx], self._groups[module])
         state = state_of(cache)
         if state is None or not state.compressed or state.in_prefill:
             return None
@@ -313,7 +232,7 @@ class CompressionSession:
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
     def _after_attention(self, module, args, kwargs, output):
-        cache = _cache_of(kwargs)
+        cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
         if state is None or not state.in_prefill:
             return None
@@ -336,13 +255,14 @@ class CompressionSession:
         if length <= budget:
             if cache.layers[idx].keys is not keys:
                 cache.layers[idx] = filled_layer(keys, values)
-            state.cache_lengths[idx] = length
+            state.record_layer(idx, length)
             return
         window = cfg.recent_window(idx, ctx.num_layers, length)
         pad_mask = state.pad_mask
         if ctx.hidden_states.shape[1] < window:
             raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
-                             f"window={window}; it cannot be compressed (compress_later_turns=False appends it as it is)")
+                             f"window={window}; it cannot be compressed "
+                             "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             scores = cfg.score(ctx)
             kept = top_positions(scores, budget - window, pad_mask)
@@ -361,34 +281,9 @@ class CompressionSession:
             current.keys, current.values = new_keys, new_values
         else:
             cache.layers[idx] = filled_layer(new_keys, new_values)
-        self._record_kept_mask(state, kept, pad_mask)
-        state.cache_lengths[idx] = budget
-        if not state.compressed:
-            state.compressed = True
-            report_consumed(cache, state)
-
-    @staticmethod
-    def _record_kept_mask(state: CacheState, kept: torch.Tensor, pad_mask) -> None:
-        """Remember which kept slots are padding (left-padded rows shorter than the budget)."""
-        if pad_mask is None:
-            return
-        mask = pad_mask.gather(1, kept[:, 0])
-        if state.pass_kept is not None and not torch.equal(state.pass_kept, mask):
-            raise InputError(f"{state.cfg.method}: layers kept different padding; run batch size 1")
-        state.pass_kept = state.kept_mask = mask
-
-
-def report_consumed(cache, state: CacheState) -> None:
-    """generate() and the model read the cache's length to place new tokens: make it report the tokens
-    the cache has consumed (the absolute position of the next one), not the kept ones."""
-    cache.get_seq_length = lambda layer_idx=0: state.consumed
-
-
-def filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
-    layer = DynamicLayer()
-    layer.lazy_initialization(keys, values)
-    layer.keys, layer.values = keys, values
-    return layer
+        state.record_kept(kept)
+        state.record_layer(idx, budget)
+        state.mark_compressed(cache)
 
 
 @contextmanager
@@ -399,7 +294,7 @@ def compress(model, cfg, compress_later_turns: bool = False):
     (``session.caches``; the cache given to the model is the first), each equal to what the setting
     alone produces. Decode each from its own cache inside the context::
 
-        with snapkv.compress(model, [SnapKVConfig(budget=1024), FullConfig()]) as session:
+        with snapkv.compress(model, [SnapKV(budget=1024), FullKV()]) as session:
             out = model(ids, past_key_values=DynamicCache(config=model.config))
             snap_cache, full_cache = session.caches
 

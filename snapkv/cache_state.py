@@ -1,0 +1,109 @@
+"""What a compressed cache needs to be decoded correctly, and how that changes pass by pass.
+
+The state lives on the cache object, so several caches can be alive in one session (one per setting
+of a shared prefill, or a merged batch) and each keeps its own positions and mask.
+
+==================  =============  ==========  ==========================================================
+state               ``in_prefill``  compressed  entered by
+==================  =============  ==========  ==========================================================
+prefilling          True           False       ``for_prefill``: a prompt's first pass starts
+compressing         True           True        ``mark_compressed``: the first layer longer than its budget
+                                               was cut
+plain               False          False       ``end_pass`` after a prefill that cut nothing (full KV, a
+                                               prompt within the budget); later passes only ``advance``
+decoding            False          True        ``end_pass`` after a compressing prefill; each later pass
+                                               ``begin_pass`` gives explicit positions and the kept mask
+later turn          True           True        ``begin_pass`` of several tokens with
+                                               ``compress_later_turns``: that turn's prompt is cut too
+merged              False          True        ``snapkv.merge_caches``: ``layer_masks`` mark each row's
+                                               real slots per layer
+==================  =============  ==========  ==========================================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InputError
+from .method import Method
+from .transformers_workarounds import report_consumed
+
+
+@dataclass
+class CacheState:
+    pad_mask: torch.Tensor | None       # padding of the sequence being compressed now
+    next_positions: torch.Tensor        # per row, the absolute position of the next token
+    consumed: int                       # tokens the cache has seen (what get_seq_length reports once cut)
+    in_prefill: bool = True             # this pass's layers are compressed after their attention
+    cache_lengths: dict = field(default_factory=dict)   # layer -> tokens per head kept
+    kept_mask: torch.Tensor | None = None  # [rows, kept]: which kept slots are real (padded batches)
+    compressed: bool = False
+    query_len: int = 0                  # tokens of the current pass
+    pass_kept: torch.Tensor | None = None  # padding kept by the first layer compressed in this pass
+    cfg: Method | None = None           # the setting this cache follows
+    siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
+    layer_masks: list | None = None     # caches merged into one batch: per layer, [rows, length] real slots
+
+    @classmethod
+    def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
+        return cls(pad_mask=pad_mask, next_positions=next_positions.clone(), consumed=q_len, cfg=cfg)
+
+    def advance(self, q_len: int) -> None:
+        """A pass of ``q_len`` tokens on a cache nothing was cut from: a plain cache."""
+        self.consumed += q_len
+        self.next_positions = self.next_positions + q_len
+
+    def begin_pass(self, q_len: int, compress_later_turns: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A pass of ``q_len`` tokens after compression: the position ids the tokens take and the 2-D
+        attention mask to give the model (None: causal masking is right for every layer)."""
+        steps = torch.arange(q_len, device=self.next_positions.device)
+        positions = self.next_positions[:, None] + steps[None, :]
+        self.advance(q_len)
+        self.query_len = q_len
+        self.in_prefill = compress_later_turns and q_len > 1
+        self.pass_kept = None
+        if self.kept_mask is not None:
+            ones = torch.ones(self.kept_mask.shape[0], q_len, dtype=torch.bool, device=self.kept_mask.device)
+            self.kept_mask = torch.cat([self.kept_mask, ones], dim=1)
+        self.pad_mask = self.kept_mask
+        return positions, self.kept_mask
+
+    def end_pass(self) -> None:
+        """The decoder has run every layer: this prefill's caches decode on their own from now on."""
+        self.in_prefill = False
+        for _, sibling in self.siblings:
+            sibling.in_prefill = False
+        self.siblings = []
+
+    def record_layer(self, layer_idx: int, kept_tokens: int) -> None:
+        self.cache_lengths[layer_idx] = kept_tokens
+
+    def record_kept(self, kept: torch.Tensor) -> None:
+        """Remember which kept slots are padding (left-padded rows shorter than the budget)."""
+        if self.pad_mask is None:
+            return
+        mask = self.pad_mask.gather(1, kept[:, 0])
+        if self.pass_kept is not None and not torch.equal(self.pass_kept, mask):
+            raise InputError(f"{self.cfg.method}: layers kept different padding; run batch size 1")
+        self.pass_kept = self.kept_mask = mask
+
+    def mark_compressed(self, cache) -> None:
+        if not self.compressed:
+            self.compressed = True
+            report_consumed(cache, self)
+
+    def lengths(self) -> list[int]:
+        return [self.cache_lengths[i] for i in sorted(self.cache_lengths)]
+
+
+_STATE = "_snapkv_state"
+
+
+def state_of(cache) -> CacheState | None:
+    """The compression state a cache carries (None: a cache no compression session has filled)."""
+    return getattr(cache, _STATE, None)
+
+
+def set_state(cache, state: CacheState) -> None:
+    setattr(cache, _STATE, state)

@@ -1,0 +1,88 @@
+"""Where a compressed cache needs transformers to behave otherwise than it does, in one place.
+
+transformers assumes a cache holds every token it has seen, one KV head group per layer as the
+attention module says, and that ``generate`` may reorder or crop it. A compressed cache holds fewer
+tokens than it has consumed, possibly one KV head per query head (``gqa="repeat"``), and cannot be
+reordered by beam search or cropped by assisted decoding. Each workaround below names what it
+replaces; nothing else in ``snapkv`` touches transformers internals.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from .errors import InputError
+
+
+def cache_argument(kwargs: dict):
+    """The cache a decoder or attention forward was called with (``past_key_values``; some modules
+    name it ``cache``), or None."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+def report_consumed(cache, state) -> None:
+    """``generate`` and the model read ``cache.get_seq_length()`` to place new tokens: make a
+    compressed cache report the tokens it has consumed (``state.consumed``, the absolute position of
+    the next one), not the kept ones."""
+    cache.get_seq_length = lambda layer_idx=0: state.consumed
+
+
+def filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A cache layer holding ``keys``/``values`` as they are (transformers' layers fill themselves
+    through ``update``, which would concatenate)."""
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer
+
+
+class RepeatedKVLayer(DynamicLayer):
+    """A cache layer holding one KV head per query head (``gqa="repeat"``, the official layout): new
+    tokens are repeated to every query head as they arrive, and the attention module must then use
+    one KV group (``kv_groups_for``)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, groups: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values, self.groups = keys, values, groups
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        key_states = key_states.repeat_interleave(self.groups, dim=1)
+        value_states = value_states.repeat_interleave(self.groups, dim=1)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
+def kv_groups_for(layer, model_groups: int) -> int:
+    """The ``num_key_value_groups`` an attention module must use with ``layer``: 1 for a layer that
+    already holds a KV head per query head, else the model's own."""
+    return 1 if isinstance(layer, RepeatedKVLayer) else model_groups
+
+
+def check_cache(cache) -> None:
+    """Only a DynamicCache of full-attention layers can hold per-layer lengths."""
+    ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
+        type(layer) in (DynamicLayer, RepeatedKVLayer) or getattr(layer, "snapkv_layer", False)
+        for layer in cache.layers)
+    if not ok:
+        raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
+                         "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")
+
+
+def checked_generate(model, generate):
+    """``generate`` with the decoding strategies a compressed cache cannot follow refused (it
+    replaces ``model.generate`` while a compression session is attached)."""
+    def run(*args, **kwargs):
+        config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+
+        def setting(name, default=None):
+            return kwargs.get(name, getattr(config, name, default))
+        if (setting("num_beams", 1) or 1) > 1:
+            raise InputError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
+                             "positions do not follow; use greedy or sampling")
+        if setting("prefill_chunk_size"):
+            raise InputError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
+                             "prefill in one pass (snapkv.chunked_mlp bounds the memory of long prefills)")
+        if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
+            raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
+        return generate(*args, **kwargs)
+    return run

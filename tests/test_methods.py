@@ -1,0 +1,98 @@
+"""What every registered method must do (the list in ``tests/method_settings.py`` comes from
+``snapkv.METHODS``): its Hydra option equals its dataclass, its run tag names every field that
+changes what is kept, its label, its planner term, its budget semantics, one file per method."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import snapkv
+from conftest import compose
+from method_settings import COMPRESSING, REGISTERED, small
+from snapkv.memory import Shape, plan
+
+METHODS_DIR = Path(snapkv.__file__).parent / "methods"
+TINY = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=2)
+
+
+def option(method: str, *overrides: str) -> dict:
+    from omegaconf import OmegaConf
+    cfg = compose("longbench", [f"compressor={method}", *overrides])
+    return OmegaConf.to_container(cfg.compressor, resolve=True)
+
+
+@pytest.mark.parametrize("method", REGISTERED)
+def test_the_config_option_is_the_dataclass(method):
+    node = option(method)
+    built = snapkv.build_config(node.pop("method"), **{k: v for k, v in node.items() if k != "tag"})
+    cls = snapkv.METHODS[method]
+    if method in COMPRESSING:
+        assert built == cls()
+    else:
+        assert not built.compresses and node["tag"] == method
+
+
+@pytest.mark.parametrize("method", COMPRESSING)
+def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
+    cls = snapkv.METHODS[method]
+    base = option(method)
+    changed = {"budget": 2048, "window": 16, "kernel": 3, "pooling": "avgpool", "gqa": "max", "accumulate": "float32",
+               "seed": 1, "sink_tokens": 8, "beta": 10}
+    for f in dataclasses.fields(cls):
+        if f.name in ("ratio", *cls.derived, *cls.untagged):
+            continue
+        assert f.name in changed, f"{method}.{f.name}: give this test a second value for it"
+        assert option(method, f"compressor.{f.name}={changed[f.name]}")["tag"] != base["tag"], f.name
+    assert option(method, "compressor.ratio=0.5")["tag"] != base["tag"]
+
+
+@pytest.mark.parametrize("method", REGISTERED)
+def test_label_and_description(method):
+    cfg = small(method)
+    assert cfg.label().startswith(cfg.display_name) and cfg.display_name
+    assert cfg.describe()["method"] == method
+    assert set(cfg.describe()) == {"method"} | {f.name for f in dataclasses.fields(cfg)}
+
+
+@pytest.mark.parametrize("method", REGISTERED)
+def test_the_planner_has_a_term_for_every_method(method):
+    cfg = small(method, budget=512, window=32)
+    planned = plan(TINY, 8192, cfg if cfg.compresses else None)
+    full = plan(TINY, 8192, None)
+    if cfg.compresses:
+        assert cfg.compression_bytes(Shape.of(TINY), 8192, 1, 2) > 0
+        assert planned["kv_cache_bytes"] < full["kv_cache_bytes"]
+    else:
+        assert planned == full
+
+
+@pytest.mark.parametrize("method", COMPRESSING)
+@pytest.mark.parametrize("length", [100, 4096])
+def test_every_layer_keeps_its_window_inside_its_budget(method, length):
+    cfg = small(method)
+    for layer in range(4):
+        budget = cfg.layer_budget(layer, 4, length)
+        assert 0 < cfg.recent_window(layer, 4, length) < budget
+
+
+def test_one_method_a_file_and_one_registry_line_each():
+    """Each file of snapkv/methods/ defines and registers exactly one method; the package's
+    ``__init__`` imports each file once (the registry line)."""
+    registered_in = {}
+    for path in sorted(METHODS_DIR.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)
+                   and any(getattr(d, "id", None) == "register" for d in node.decorator_list)]
+        assert len(classes) == 1, f"{path.name}: {len(classes)} registered methods"
+        assert ast.get_docstring(tree), f"{path.name}: no module docstring naming the method's source"
+        registered_in[path.stem] = classes[0].name
+    init = (METHODS_DIR / "__init__.py").read_text()
+    for stem in registered_in:
+        assert init.count(f"from .{stem} import") == 1, stem
+    assert len(registered_in) == len(REGISTERED)
