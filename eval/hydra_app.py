@@ -23,6 +23,7 @@ import snapkv
 
 from .jsonl import append_record, write_json_atomic
 from .runlock import run_lock
+from .sections import check_sections
 
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 # A job's failure record from its start: a job killed before it can say why (SIGKILL after the
@@ -152,6 +153,7 @@ def run_guarded(task, cfg: DictConfig):
     job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
     outs: list[Path] = []
     try:
+        check_sections(cfg)
         outs = job_output_dirs(cfg)
         with _on_sigterm(outs), ExitStack() as locks:
             for out in sorted(set(outs)):

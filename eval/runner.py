@@ -65,7 +65,7 @@ def _tokenizer(spec, use_fast: bool = True):
         return AutoTokenizer.from_pretrained(_from_gguf(packaged_file(spec)))
     if not use_fast:  # the pinned transformers (5.x) has none
         print("note: model.use_fast_tokenizer=false, but transformers 5 has no slow (sentencepiece) tokenizers; "
-              "using the fast one (README: 'Deviations')")
+              "using the fast one (docs/longbench.md: 'Deviations')")
     return AutoTokenizer.from_pretrained(spec, use_fast=use_fast)
 
 

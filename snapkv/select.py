@@ -122,7 +122,7 @@ def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, cfg,
 
 def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,
                      pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Kept earlier positions ``[b, heads, budget - window]`` (DESIGN.md 3.1), sorted ascending."""
+    """Kept earlier positions ``[b, heads, budget - window]`` (the official selection), sorted ascending."""
     length = keys.shape[-2]
     budget = cfg.budget_for(length)  # the fixed budget, or the prompt's share with compressor.ratio
     if length < budget:

@@ -134,7 +134,7 @@ def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> l
             print(f"frontier {_name(spec)} batch {spec['batch']}: {n} tokens -> {row['outcome']}{peak}", flush=True)
             return row
         if bench_cfg.frontier_start == "planner" and planned:
-            # the planner's frontier (within 10% of measurement, README) brackets the search in a few probes
+            # the planner's frontier (within 10% of measurement, docs/bench.md) brackets the search in a few probes
             start, growth = max(int(bench_cfg.frontier_min), int(planned * 0.9)), 1.2
         else:
             start, growth = int(bench_cfg.frontier_min), 2.0

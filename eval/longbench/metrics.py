@@ -1,7 +1,7 @@
 """LongBench v1 scoring, reproducing the official ``metrics.py`` / ``eval.py`` (THUDM/LongBench).
 
 Quirks of the official code are reproduced on purpose, because published numbers (SnapKV's Table 1
-among them) were computed with them. Each is marked ``QUIRK`` below and listed in the README.
+among them) were computed with them. Each is marked ``QUIRK`` below and listed in docs/longbench.md (Deviations).
 """
 from __future__ import annotations
 
