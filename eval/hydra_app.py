@@ -11,10 +11,13 @@ import sys
 import threading
 import time
 import traceback
+import functools
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +33,53 @@ CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "conf")
 # scheduler's grace period, the OOM killer, a node failure) still leaves one.
 UNFINISHED = ("did not finish: killed (scancel or preemption past the grace period, a time limit, the host's OOM "
               "killer, a node failure) or still running")
+
+
+def task_main(config_name: str):
+    """``hydra.main`` for a task's app. Hydra's own config errors (a value of the wrong type, an
+    unknown key, a missing config option, an override it cannot parse) print one line and exit 2, as
+    the project's input checks do; any other exception keeps its traceback."""
+    def decorate(task_function):
+        hydra_entry = hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)(task_function)
+
+        @functools.wraps(task_function)
+        def entry():
+            previous = os.environ.get("HYDRA_FULL_ERROR")
+            os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
+            try:
+                return hydra_entry()
+            except (ConfigCompositionException, OverrideParseException) as exc:
+                print(f"error: {config_error_line(exc)}", file=sys.stderr)
+                sys.exit(2)
+            finally:
+                if previous is None:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
+                else:
+                    os.environ["HYDRA_FULL_ERROR"] = previous
+        return entry
+    return decorate
+
+
+def config_error_line(exc: Exception) -> str:
+    """Hydra's multi-line message (and OmegaConf's cause under it) as one line: the override, what
+    is wrong with it, the options where Hydra lists them."""
+    text = str(exc).replace("Error merging override ", "").split("\nConfig search path")[0]
+    if isinstance(exc, OverrideParseException) and exc.override:
+        text = f"{exc.override}: {text}"
+    if exc.__cause__ is not None:
+        cause = str(exc.__cause__).splitlines()
+        text += ": " + cause[0] if cause else ""
+    parts: list[str] = []
+    for line in text.splitlines():
+        item = line.startswith("\t")
+        line = line.strip()
+        if not line:
+            continue
+        if item and parts:
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line.rstrip("."))
+    return "; ".join(parts)
 
 
 def compressor_fields(node, keep_unset: bool = False) -> dict:

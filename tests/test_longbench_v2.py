@@ -466,7 +466,6 @@ def test_max_length_is_at_most_the_models(tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ("longbench_v2.limit=0", r"longbench_v2.limit=0 must be a positive integer"),
-    ("longbench_v2.cot=maybe", r"longbench_v2.cot='maybe' is not allowed; choose true or false"),
     ("longbench_v2.max_length=-5", r"longbench_v2.max_length=-5 must be a positive integer"),
     ("longbench_v2.data_file=/nonexistent/data.json", r"longbench_v2.data_file=/nonexistent/data.json: no such file"),
 ])

@@ -62,6 +62,22 @@ def test_a_wrong_type_stops_composition_naming_the_field():
         compose("needle", ["needle.min_length=[1,2]"])
 
 
+@pytest.mark.parametrize("override, line", [
+    ("longbench_v2.cot=maybe", "error: longbench_v2.cot=maybe: Value 'maybe' is not a valid bool (type str)"),
+    ("longbench_v2.nope=1", "error: Could not override 'longbench_v2.nope'; To append to your config use"),
+    ("compressor=foo", "error: In 'longbench_v2': Could not find 'compressor/foo'; Available options in "
+                       "'compressor': full, h2o"),
+    ("longbench_v2.limit=[", "error: longbench_v2.limit=[: no viable alternative"),
+])
+def test_hydras_config_errors_are_one_line_exits_too(override, line):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "eval.longbench_v2", override], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith(line) and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_a_typed_number_stays_a_number_where_any_shape_is_allowed():
     cfg = compose("needle", ["needle.answer=58213"])
     assert cfg.needle.answer == 58213

@@ -5,14 +5,13 @@ from snapkv.errors import InputError
 
 import json
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import snapkv
 from snapkv.memory import longest_fitting, plan
 
-from ..hydra_app import CONFIG_PATH, compressor_fields, output_dir, resolve_device, run_guarded
+from ..hydra_app import compressor_fields, output_dir, resolve_device, run_guarded, task_main
 from ..jsonl import append_record, read_records, write_json_atomic
 from ..settings import claim, fingerprint
 from ..runner import model_architecture
@@ -222,7 +221,7 @@ def _add_predictions(cfg, rows: list[dict]) -> None:
         r["predicted_kv_cache_bytes"] = p["kv_cache_bytes"]
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="bench")
+@task_main("bench")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

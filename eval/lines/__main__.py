@@ -4,13 +4,12 @@ Shares the needle task's grid machinery: one resumable line a cell, OOM lengths 
 retried, cells of a killed process recorded as failures, the paper-style heatmap."""
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from .. import engine
 from ..chat import CHAT_FORMATS, stop_token_ids
 from ..gridcells import GridTask
-from ..hydra_app import CONFIG_PATH, run_guarded
+from ..hydra_app import run_guarded, task_main
 from ..jsonl import read_records
 from ..needle.grid import depths_from, lengths_from, numbers
 from ..needle.heatmap import save_heatmap
@@ -77,7 +76,7 @@ def run(cfg: DictConfig):
     return engine.run(LinesGrid(), cfg)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="lines")
+@task_main("lines")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

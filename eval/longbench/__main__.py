@@ -1,11 +1,10 @@
 """python -m eval.longbench: predict and score LongBench with a model and a compressor (Hydra app)."""
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from .. import engine
-from ..hydra_app import CONFIG_PATH, run_guarded
+from ..hydra_app import run_guarded, task_main
 from .predict import LongBenchTask
 
 
@@ -13,7 +12,7 @@ def run(cfg: DictConfig) -> dict:
     return engine.run(LongBenchTask(), cfg)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="longbench")
+@task_main("longbench")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

@@ -1,11 +1,10 @@
 """python -m eval.longbench_v2: predict and score LongBench v2 with a model and a compressor (Hydra app)."""
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from .. import engine
-from ..hydra_app import CONFIG_PATH, run_guarded
+from ..hydra_app import run_guarded, task_main
 from .predict import LongBenchV2Task
 
 
@@ -13,7 +12,7 @@ def run(cfg: DictConfig) -> dict:
     return engine.run(LongBenchV2Task(), cfg)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="longbench_v2")
+@task_main("longbench_v2")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

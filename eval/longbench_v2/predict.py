@@ -36,9 +36,6 @@ def check_task(section) -> None:
         value = section.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError(f"longbench_v2.{name}={value!r} must be a positive integer (or null)")
-    for name in ("cot", "retry_oom"):
-        if not isinstance(section.get(name), bool):
-            raise InputError(f"longbench_v2.{name}={section.get(name)!r} is not allowed; choose true or false")
     if not section.get("data_file") and not section.get("revision"):
         raise InputError("longbench_v2.revision must name a revision of the hub dataset (a commit, tag or branch) "
                          "when longbench_v2.data_file is null")

@@ -7,13 +7,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 from ..chat import CHAT_FORMATS, stop_token_ids
 from .. import engine
 from ..gridcells import GridTask, key
-from ..hydra_app import CONFIG_PATH, output_dir, resolve_device, run_guarded, typed_text
+from ..hydra_app import output_dir, resolve_device, run_guarded, task_main, typed_text
 from ..jsonl import read_records
 from .build import Needle, check_prompt, insert_needles, needle_depths, overhead_tokens, prompt_split_ids, \
     sentence_end_ids
@@ -164,7 +163,7 @@ def full_kv_frontier(cfg, compressor, cells: list[dict], out: Path) -> int | Non
     return frontier_from_cells(read_records(sibling)) if sibling.exists() else None
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="needle")
+@task_main("needle")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

@@ -1,14 +1,13 @@
 """python -m eval.observe: observation-window hit rates (SnapKV §4, Figures 2 and 3) (Hydra app)."""
 from __future__ import annotations
 
-import hydra
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 import snapkv
 
-from ..hydra_app import CONFIG_PATH, output_dir, resolve_device, run_guarded, save_run_metadata
+from ..hydra_app import output_dir, resolve_device, run_guarded, save_run_metadata, task_main
 from ..jsonl import append_record, read_records
 from ..settings import claim, fingerprint
 from .capture import Windows, hit_rate_pass, last_window_votes
@@ -144,7 +143,7 @@ def _prompt_of(row, tokenizer, cfg) -> list[int]:
     return build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length), cfg.model.chat_format)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="observe")
+@task_main("observe")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 import snapkv
 
-from ..hydra_app import CONFIG_PATH, run_guarded
+from ..hydra_app import run_guarded, task_main
 from .collect import bench_runs, longbench_runs, needle_runs, observe_runs, ruler_runs
 from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
 from .ruler import write_ruler_tables
@@ -43,7 +42,7 @@ def run(cfg: DictConfig):
     return written
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="report")
+@task_main("report")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 

@@ -2,11 +2,10 @@
 ``ruler.export=DIR`` writes the samples in RULER's layout instead and loads no weights."""
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from .. import engine
-from ..hydra_app import CONFIG_PATH, run_guarded
+from ..hydra_app import run_guarded, task_main
 from .predict import RulerTask, check_section, export
 
 
@@ -20,7 +19,7 @@ def run(cfg: DictConfig):
     return engine.run(RulerTask(), cfg)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="ruler")
+@task_main("ruler")
 def main(cfg: DictConfig):
     return run_guarded(run, cfg)
 
