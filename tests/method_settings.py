@@ -15,7 +15,12 @@ def small(method: str, budget: int = 48, window: int = 8, **fields) -> snapkv.Me
     return snapkv.build_config(method, **{"budget": budget, "window": window, "kernel": 5, **fields})
 
 
-def with_every_method(settings: list, **size) -> list:
-    """``settings`` plus each registered method none of them uses, at its test size (or ``size``)."""
+def with_every_method(settings: list, distinct_from: int | None = None, **size) -> list:
+    """``settings`` plus each registered method none of them uses, at its test size (or ``size``);
+    with ``distinct_from``, the added methods get budgets ``distinct_from``, ``+ 8``, ... so that each
+    keeps a cache length of its own."""
     used = {cfg.method for cfg in settings}
-    return list(settings) + [small(name, **size) for name in REGISTERED if name not in used]
+    added = [name for name in REGISTERED if name not in used]
+    if distinct_from is None:
+        return list(settings) + [small(name, **size) for name in added]
+    return list(settings) + [small(name, budget=distinct_from + 8 * i, **size) for i, name in enumerate(added)]

@@ -15,7 +15,7 @@ SETTINGS = with_every_method([
     snapkv.PyramidKV(budget=48, window=8, kernel=5),
     snapkv.H2O(budget=40, window=8),
     snapkv.StreamingLLM(budget=56, sink_tokens=4),
-], budget=72)  # a length of its own: every setting's cache differs
+], distinct_from=72)  # lengths of their own: every setting's cache differs
 FORCED = [5, 17, 99, 3, 42, 7]
 
 

@@ -1,9 +1,8 @@
-"""One compression method a file; importing this package registers them all."""
+"""One compression method a file; importing this package registers them all (one import line a method:
+the registry, ``snapkv.METHODS``, is filled by ``@register``)."""
 from .full import FullKV
 from .snapkv import SnapKV
 from .pyramidkv import PyramidKV
 from .h2o import H2O
 from .streamingllm import StreamingLLM
 from .random import RandomKeep
-
-__all__ = ["FullKV", "SnapKV", "PyramidKV", "H2O", "StreamingLLM", "RandomKeep"]
