@@ -43,6 +43,7 @@ def one_of(default, choices: str, allow_null: bool = False):
 class ModelSection:
     name: str = MISSING
     path: Optional[str] = None            # hub id or local folder
+    revision: Optional[str] = None        # hub revision of the weights (a commit, tag or branch)
     package_file: Optional[str] = None    # a file inside an installed package (the demo's GGUF)
     tokenizer: Optional[str] = None
     random_init: bool = False             # random weights from ``architecture`` (tests, speed figures)

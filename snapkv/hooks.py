@@ -295,7 +295,7 @@ def compress(model, cfg, compress_later_turns: bool = False):
     alone produces. Decode each from its own cache inside the context::
 
         with snapkv.compress(model, [SnapKV(budget=1024), FullKV()]) as session:
-            out = model(ids, past_key_values=DynamicCache(config=model.config))
+            out = model(ids, cache=DynamicCache(config=model.config))
             snap_cache, full_cache = session.caches
 
     A cache compressed here can be continued in the context: token by token, several tokens at a

@@ -69,6 +69,9 @@ def test_paper_hyperparams_preset_has_six_distinct_jobs(tmp_path):
                            "longbench.max_new_tokens=1", f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = sorted(p.name for p in (tmp_path / "tiny-llama").iterdir())
-    assert runs == ["snapkv-b1024-w16-k7-maxpool-mean", "snapkv-b1024-w32-k1-none-mean",
-                    "snapkv-b1024-w32-k5-maxpool-mean", "snapkv-b1024-w32-k7-maxpool-mean",
-                    "snapkv-b1024-w32-k9-maxpool-mean", "snapkv-b1024-w64-k7-maxpool-mean"]
+    assert runs == ["snapkv-b1024-w16-k7-maxpool-repeat", "snapkv-b1024-w32-k1-none-repeat",
+                    "snapkv-b1024-w32-k5-maxpool-repeat", "snapkv-b1024-w32-k7-maxpool-repeat",
+                    "snapkv-b1024-w32-k9-maxpool-repeat", "snapkv-b1024-w64-k7-maxpool-repeat"]
+    settings = json.loads((tmp_path / "tiny-llama" / runs[0] / "settings.json").read_text())
+    assert (settings["model.dtype"], settings["model.protocol"], settings["compressor.gqa"]) == \
+        ("float16", "snapkv", "repeat")  # Table 1's protocol (pred_snap.py)

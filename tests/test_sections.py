@@ -37,6 +37,11 @@ def test_every_model_config_is_typed_and_allowed(model):
         check_sections(compose(task, [f"model={model}"]))
 
 
+def test_every_model_field_the_fingerprint_reads_is_typed():
+    from eval.settings import MODEL_FIELDS
+    assert set(MODEL_FIELDS) <= set(OmegaConf.structured(SECTIONS["model"]))
+
+
 def test_every_choice_reference_resolves():
     from dataclasses import fields, is_dataclass
     seen = 0
