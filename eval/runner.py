@@ -16,6 +16,7 @@ import torch
 import snapkv
 from snapkv.errors import InputError, check_choice
 
+ATTENTION = ("eager", "sdpa", "flash_attention_2")  # model.attn_implementation
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 

@@ -49,7 +49,7 @@ class ModelSection:
     random_init: bool = False             # random weights from ``architecture`` (tests, speed figures)
     architecture: Optional[Dict[str, Any]] = None
     dtype: str = one_of("float32", "eval.runner:DTYPES")
-    attn_implementation: str = one_of("sdpa", "eval.sections:ATTENTION")
+    attn_implementation: str = one_of("sdpa", "eval.runner:ATTENTION")
     max_length: Optional[int] = None
     trained_context: Optional[int] = None
     chat_format: str = one_of("none", "eval.chat:CHAT_FORMATS")
@@ -58,8 +58,6 @@ class ModelSection:
     device_map: Any = None
     mlp_chunk: Optional[int] = None
 
-
-ATTENTION = ("eager", "sdpa", "flash_attention_2")
 
 
 @dataclass
@@ -147,7 +145,7 @@ class RulerSection:
 @dataclass
 class ObserveSection:
     data: str = MISSING
-    response: str = one_of("reference", "eval.observe.__main__:RESPONSES")
+    response: str = one_of("reference", "eval.observe:RESPONSES")
     window: int = 128
     prompt_windows: int = 20
     response_windows: int = 4
@@ -155,15 +153,13 @@ class ObserveSection:
     theta: float = 0.01
     pooling: str = one_of("none", "snapkv.method:POOLINGS")
     kernel: int = 1
-    question_position: str = one_of("end", "eval.sections:QUESTION_POSITIONS")
-    variant: str = one_of("hits", "eval.observe.__main__:VARIANTS")
+    question_position: str = one_of("end", "eval.observe.data:QUESTION_POSITIONS")
+    variant: str = one_of("hits", "eval.observe:VARIANTS")
     other_instructions: int = 2
     min_prompt_tokens: int = 3000
     min_response_tokens: int = 512
     limit: Optional[int] = None
 
-
-QUESTION_POSITIONS = ("end", "start")
 
 
 @dataclass
@@ -192,15 +188,13 @@ class BenchSection:
     memory_gib: float = 80
     frontier: bool = False
     frontier_min: int = 1024
-    frontier_start: str = one_of("planner", "eval.sections:FRONTIER_STARTS")
+    frontier_start: str = one_of("planner", "eval.bench.frontier:FRONTIER_STARTS")
     frontier_max: int = 1048576
     frontier_resolution: float = 0.02
     probe_timeout_s: float = 3600
     plan_lengths: List[int] = field(default_factory=lambda: [16384, 33000, 131072, 380000])
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
 
-
-FRONTIER_STARTS = ("planner", "min")
 
 
 @dataclass

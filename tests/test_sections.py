@@ -11,8 +11,6 @@ MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
 
 
 def _yaml_section(section: str):
-    if section == "model":
-        return None
     return OmegaConf.load(ROOT / "conf" / f"{section}.yaml").get(section)
 
 

@@ -18,6 +18,8 @@ from snapkv.memory import longest_fitting, plan
 
 from ..jsonl import append_record, read_records
 
+FRONTIER_STARTS = ("planner", "min")  # bench.frontier_start: 0.9x the planner's frontier, or frontier_min
+
 
 def probe(model_cfg: dict, device: str, spec: dict, cap_bytes: int, timeout_s: float) -> dict:
     import json

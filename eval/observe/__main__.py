@@ -14,12 +14,7 @@ from .capture import Windows, hit_rate_pass, last_window_votes
 from .data import load_samples
 from .hits import overlap
 from .summary import figures, overlap_table, tables
-from snapkv.errors import InputError, check_choice
-
-RESPONSES = ("reference", "model")
-VARIANTS = ("hits", "instructions")
-POOLINGS = ("none", "maxpool", "avgpool")
-
+from snapkv.errors import InputError
 
 def check(observe) -> None:
     for name in ("window", "prompt_windows", "response_windows", "kernel", "other_instructions"):
@@ -30,8 +25,6 @@ def check(observe) -> None:
         raise InputError(f"observe.p={observe.p!r} is the kept fraction: a number in (0, 1]")
     if not 0 < float(observe.theta) < 1:
         raise InputError(f"observe.theta={observe.theta!r} is an attention threshold: a number in (0, 1)")
-    for name, allowed in (("response", RESPONSES), ("variant", VARIANTS), ("pooling", POOLINGS)):
-        check_choice(f"observe.{name}", observe[name], allowed)
     if observe.kernel % 2 == 0:
         raise InputError(f"observe.kernel={observe.kernel} must be odd")
 
