@@ -6,12 +6,19 @@ imported). Every option carries the same keys, null where a method has no such f
 such as ``compressor=full,snapkv compressor.budget=1024`` composes for every method (``build_config``
 drops the fields a method does not read). The budget default becomes null once ``compressor.ratio``
 is set, and the run tag names every field that changes what is kept (``Method.tag_template``).
+
+The built-in methods' options are also written out as ``conf/compressor/<method>.yaml``
+(``python scripts/write_compressor_configs.py``), because the command-line contract names them as files; a
+test keeps each file equal to what this module generates. A method without a file (a new one) is
+registered in Hydra's ConfigStore instead, so its file and one import line are all it needs.
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 import snapkv
 
@@ -38,10 +45,31 @@ def option(cls) -> dict:
     return node
 
 
+OPTIONS_DIR = Path(__file__).resolve().parent.parent / "conf" / "compressor"
+
+
+def option_text(cls) -> str:
+    """``conf/compressor/<method>.yaml`` as this module writes it."""
+    source = f"snapkv/methods/{cls.__module__.rsplit('.', 1)[-1]}.py"
+    header = (f"# compressor={cls.method}: generated from {cls.__name__} ({source}) by\n"
+              "# `python scripts/write_compressor_configs.py`; edit the dataclass, not this file.\n")
+    return header + OmegaConf.to_yaml(OmegaConf.create(option(cls)), sort_keys=False)
+
+
+def write_options() -> list[Path]:
+    written = []
+    for name, cls in sorted(snapkv.METHODS.items()):
+        path = OPTIONS_DIR / f"{name}.yaml"
+        path.write_text(option_text(cls), encoding="utf-8")
+        written.append(path)
+    return written
+
+
 def register_options() -> None:
     store = ConfigStore.instance()
     for name, cls in sorted(snapkv.METHODS.items()):
-        store.store(group="compressor", name=name, node=option(cls), provider="snapkv")
+        if not (OPTIONS_DIR / f"{name}.yaml").exists():
+            store.store(group="compressor", name=name, node=option(cls), provider="snapkv")
 
 
 register_options()

@@ -36,6 +36,18 @@ def test_the_config_option_is_the_dataclass(method):
         assert not built.compresses and node["tag"] == method
 
 
+def test_the_option_files_are_what_the_dataclasses_generate():
+    """The command-line contract names conf/compressor/<method>.yaml for the built-in methods; each
+    file is the generated option (rewrite them with scripts/write_compressor_configs.py)."""
+    from eval.compressor_configs import OPTIONS_DIR, option_text
+    for name in ("full", "snapkv", "h2o", "streamingllm", "pyramidkv"):
+        assert (OPTIONS_DIR / f"{name}.yaml").exists(), name
+    for name, cls in snapkv.METHODS.items():
+        path = OPTIONS_DIR / f"{name}.yaml"
+        if path.exists():
+            assert path.read_text(encoding="utf-8") == option_text(cls), f"{path.name} drifted from {cls.__name__}"
+
+
 @pytest.mark.parametrize("method", COMPRESSING)
 def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
     cls = snapkv.METHODS[method]

@@ -96,3 +96,17 @@ def test_select_positions_takes_a_ratio_as_the_prompts_budget():
     by_ratio = snapkv.select_positions(queries, keys, snapkv.SnapKV(budget=None, ratio=0.6, window=16, kernel=3))
     by_budget = snapkv.select_positions(queries, keys, snapkv.SnapKV(budget=40, window=16, kernel=3))
     assert torch.equal(by_ratio, by_budget)
+
+
+def test_the_api_contract_example_runs_as_written():
+    """DESIGN.md 3.1: ``from snapkv import SnapKVConfig, select_positions`` and its call; kept positions
+    [batch, heads, budget - window] in [0, L - window), ascending; bad values a ValueError naming the field."""
+    from snapkv import SnapKVConfig, select_positions as contract_select
+    cfg = SnapKVConfig(budget=64, window=16, kernel=7, pooling="maxpool", gqa="mean")
+    queries, keys = torch.randn(1, 8, 16, 32), torch.randn(1, 2, 200, 32)
+    idx = contract_select(queries, keys, cfg)
+    assert idx.shape == (1, 2, 48) and idx.dtype == torch.long
+    assert int(idx.min()) >= 0 and int(idx.max()) < 200 - 16
+    assert torch.equal(idx, idx.sort(dim=-1).values)
+    with pytest.raises(ValueError, match="kernel"):
+        SnapKVConfig(budget=64, window=16, kernel=4)
