@@ -4,6 +4,7 @@ Every task (LongBench, needle, bench) goes through ``load_model`` and ``Runner.g
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import time
@@ -218,6 +219,13 @@ class Runner:
         return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens,
                               question_tokens=question_tokens)[0]
 
+    def decode_repeatedly(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
+                          repeats: int) -> list[Generation]:
+        """One prefill, then ``repeats`` greedy decodes, each from its own copy of the compressed cache
+        (``eval.bench``'s ``prefill_repeats``: decode timings without a prefill each). The copies are
+        made before each decode, outside its timing; at most two caches are alive at once."""
+        return self._generate(input_ids, [compressor], max_new_tokens, (), 0, decode_repeats=repeats)
+
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
                         stop_ids=(), min_new_tokens: int = 0, together: bool = False,
                         question_tokens: int = 0) -> list[Generation]:
@@ -231,7 +239,7 @@ class Runner:
 
     @torch.inference_mode()
     def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
-                  together: bool = False, question_tokens: int = 0):
+                  together: bool = False, question_tokens: int = 0, decode_repeats: int = 0):
         from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)
@@ -252,6 +260,9 @@ class Runner:
             caches, lengths = session.caches, session.lengths_per_setting
             session.caches = []  # so that each cache can be freed once it has decoded
             kv_bytes = [kv_cache_bytes(cache) for cache in caches]
+            if decode_repeats:
+                return self._decode_copies(caches.pop(), first_logits, input_ids.shape[1], prefill_s, lengths[0],
+                                           kv_bytes[0], max_new_tokens, decode_repeats)
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]
             results = [None] * len(caches)
@@ -277,6 +288,19 @@ class Runner:
                     caches[i] = None
                 del cache
         return results
+
+    def _decode_copies(self, cache, logits, input_tokens: int, prefill_s: float, lengths, kv_bytes: int,
+                       max_new_tokens: int, repeats: int) -> list[Generation]:
+        runs = []
+        for left in range(repeats - 1, -1, -1):
+            this = copy.deepcopy(cache) if left else cache
+            _sync(self.device)
+            start = time.perf_counter()
+            tokens = self._decode(this, logits.clone(), max_new_tokens, set(), 0)
+            _sync(self.device)
+            runs.append(Generation(tokens, input_tokens, prefill_s, time.perf_counter() - start, lengths, kv_bytes))
+            del this
+        return runs
 
     def _can_merge(self) -> bool:
         if self.model.config._attn_implementation != "flash_attention_2":

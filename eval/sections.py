@@ -182,6 +182,7 @@ class BenchSection:
     batch_sizes: List[int] = field(default_factory=lambda: [1])
     decode_tokens: int = 16
     repeats: int = 3
+    prefill_repeats: Optional[int] = None
     fresh_process: Any = "auto"
     plan: bool = False
     measure: bool = True

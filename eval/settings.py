@@ -60,7 +60,8 @@ HARMLESS = {
     # bench rows are keyed by (method, budget, length, batch); a timing is the median of its repeats;
     # plan, plan_lengths and sweep (which claims no folder) write no rows; frontier picks the result
     # file; the frontier search's start, cap and probe time limit are not counted (as before)
-    "bench": ("lengths", "budgets", "methods", "batch_sizes", "repeats", "plan", "measure", "plan_lengths",
+    "bench": ("lengths", "budgets", "methods", "batch_sizes", "repeats", "prefill_repeats", "plan", "measure",
+              "plan_lengths",
               "sweep", "frontier", "frontier_start", "frontier_max", "probe_timeout_s"),
 }
 # Fields that change an output but count through a value the task derives from them (its settings).

@@ -40,6 +40,48 @@ def test_a_batch_decodes_each_row_as_alone():
         assert both.tokens == runner.generate(ids[:1], comp, 4).tokens
 
 
+def test_fewer_prefills_than_repeats_decode_each_time_from_a_copy_of_one_cache(monkeypatch):
+    """bench.prefill_repeats=1: one prefill (no warm-up at the length), then every timed decode from its
+    own copy of that prefill's cache; each decode equals a decode after a prefill of its own."""
+    from eval.bench.measure import measure
+    from eval.runner import Runner
+    model = tiny_model("llama-gqa")
+    runner = Runner(model)
+    comp = snapkv.SnapKV(budget=32, window=8)
+    ids = torch.randint(3, 128, (1, 64), generator=torch.Generator().manual_seed(0))
+    runs = runner.decode_repeatedly(ids, comp, 5, 3)
+    assert len(runs) == 3 and len({r.prefill_s for r in runs}) == 1
+    assert all(r.tokens == runner.generate(ids, comp, 5).tokens for r in runs)
+    assert all(r.cache_lengths == runs[0].cache_lengths and r.kv_cache_bytes == runs[0].kv_cache_bytes for r in runs)
+    prefills, decodes = [], []
+    real = runner._generate
+
+    def spy(*args, **kwargs):
+        prefills.append(1)
+        out = real(*args, **kwargs)
+        decodes.append(len(out) if kwargs.get("decode_repeats") else 1)
+        return out
+    monkeypatch.setattr(runner, "_generate", spy)
+    spec = {"method": "snapkv", "budget": 32, "input_tokens": 64, "batch": 1, "decode_tokens": 4, "repeats": 3,
+            "compressor": {"budget": 32, "window": 8}}
+    row = measure(runner, {**spec, "prefill_repeats": 1})
+    assert prefills == [1, 1] and decodes == [1, 3]        # the one-token baseline, then one prefill
+    assert row["prefill_s"] > 0 and row["decode_s_per_token"] > 0 and not row["oom"]
+    prefills.clear(), decodes.clear()
+    measure(runner, {**spec, "prefill_repeats": 2})       # 3 decodes over 2 prefills: 2 + 1
+    assert decodes == [1, 2, 1]
+    prefills.clear(), decodes.clear()
+    measure(runner, spec)                                  # the default: warm-up, then a prefill per repeat
+    assert decodes == [1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("value", [0, 4])
+def test_prefill_repeats_outside_one_to_repeats_is_refused(tmp_path, value):
+    from eval.bench.__main__ import run
+    with pytest.raises(ValueError, match=rf"bench.prefill_repeats={value}: allowed null or 1..bench.repeats \(3\)"):
+        run(compose("bench", ["model=tiny-llama", f"bench.prefill_repeats={value}", f"output_dir={tmp_path}"]))
+
+
 def test_bench_rejects_unknown_method(tmp_path):
     from eval.bench.__main__ import run
     with pytest.raises(ValueError, match="bench.methods"):

@@ -31,6 +31,26 @@ def test_hit_rate_on_a_hand_made_attention_tensor():
     assert overlap(votes, b, 0.3).tolist() == [pytest.approx(2 / 3)]
 
 
+def test_counts_over_a_longer_prefix_give_every_shorter_prefix_its_hit_rate():
+    """layer_records counts the important pairs of the response rows once and slices the counts per
+    prompt window: the same integers, so the same rates, as each prefix on its own."""
+    from eval.observe.hits import counted_hit_rates, important_counts
+    torch.manual_seed(0)
+    current = torch.softmax(torch.randn(3, 16, 200) * 3, dim=-1)
+    counts = important_counts(current, 0.01)
+    for prefix in (1, 37, 120, 200):
+        votes = torch.rand(3, prefix)
+        for pooling, kernel in (("none", 1), ("maxpool", 5)):
+            important = current[:, :, :prefix] > 0.01          # the paper's definition, pair by pair
+            hits = (important & selected(votes, 0.1, pooling, kernel)[:, None, :]).sum(dim=(1, 2))
+            total = important.sum(dim=(1, 2))
+            for rate, important_pairs in (counted_hit_rates(counts[:, :prefix], votes, 0.1, pooling, kernel),
+                                          hit_rates(current[:, :, :prefix], votes, 0.1, 0.01, pooling, kernel)):
+                assert torch.equal(important_pairs, total)
+                torch.testing.assert_close(rate, torch.where(total > 0, hits / total.clamp(min=1), float("nan")),
+                                           rtol=0, atol=0, equal_nan=True)
+
+
 def test_captured_attention_equals_the_model_attention():
     from eval.observe.capture import row_attention
     from snapkv.architectures import queries_at

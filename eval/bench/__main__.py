@@ -33,7 +33,8 @@ def specs_of(cfg) -> list[dict]:
                 for budget in ([None] if method == "full" else bench_cfg.budgets):
                     specs.append(dict(method=method, budget=budget, input_tokens=int(length), batch=int(batch)))
     for s in specs:
-        s.update(decode_tokens=int(bench_cfg.decode_tokens), repeats=int(bench_cfg.repeats))
+        s.update(decode_tokens=int(bench_cfg.decode_tokens), repeats=int(bench_cfg.repeats),
+                 prefill_repeats=bench_cfg.get("prefill_repeats"))
         method = s.setdefault("run_method", s["method"])
         fields = {} if method == "full" else {**node, "budget": s["budget"]}
         snapkv.build_config(method, **fields)  # validate every configuration before measuring any
@@ -143,6 +144,10 @@ def run(cfg: DictConfig):
         return run_sweep(cfg)
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
         raise InputError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
+    prefill_repeats = cfg.bench.get("prefill_repeats")
+    if prefill_repeats is not None and not 1 <= int(prefill_repeats) <= int(cfg.bench.repeats):
+        raise InputError(f"bench.prefill_repeats={prefill_repeats}: allowed null or 1..bench.repeats "
+                         f"({cfg.bench.repeats})")
     out = output_dir(cfg)
     device = resolve_device(cfg)
     if cfg.bench.measure:

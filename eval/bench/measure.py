@@ -92,18 +92,25 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
             base = _cpu_rss("VmRSS")
             if cap_bytes:
                 _stop_over_cap(row, base, cap_bytes)
-        if spec.get("warmup", True):  # at the measured length: compression and kernels warm (timings)
-            runner.generate(ids, compressor, 2)
+        repeats = int(spec.get("repeats", 3))
+        prefills = min(int(spec.get("prefill_repeats") or repeats), repeats)
+        if spec.get("warmup", True) and prefills == repeats:  # at the measured length: compression and
+            runner.generate(ids, compressor, 2)                 # kernels warm (timings)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         prefill, decode = [], []
-        for _ in range(int(spec.get("repeats", 3))):
-            out = runner.generate(ids, compressor, int(spec["decode_tokens"]))
-            prefill.append(out.prefill_s)
-            decode.append(out.decode_s_per_token)
+        for i in range(prefills):
+            if prefills == repeats:
+                runs = [runner.generate(ids, compressor, int(spec["decode_tokens"]))]
+            else:  # fewer prefills than decodes: the decodes share them, each from a copy of its cache
+                share = repeats // prefills + (i < repeats % prefills)
+                runs = runner.decode_repeatedly(ids, compressor, int(spec["decode_tokens"]), share)
+            prefill.append(runs[0].prefill_s)
+            decode.extend(run.decode_s_per_token for run in runs)
+            out = runs[-1]
         peak = torch.cuda.max_memory_allocated() if cuda else _cpu_rss("VmHWM")
         row.update(prefill_s=statistics.median(prefill), decode_s_per_token=statistics.median(decode),
                    peak_memory_bytes=int(peak), peak_above_model_bytes=int(peak - base),

@@ -13,7 +13,7 @@ from snapkv.architectures import check_supported, decoder_layers, queries_at
 from snapkv.transformers_workarounds import cache_argument
 from snapkv.select import scale_scores
 
-from .hits import hit_rates
+from .hits import counted_hit_rates, important_counts
 
 _CHUNK_BYTES = 256 * 2**20
 
@@ -56,8 +56,9 @@ def row_attention(attn, queries: torch.Tensor, rows: torch.Tensor, keys: torch.T
     for start in range(0, n_kv, step):
         k = keys[0, start:start + step]                                   # [c, L, d]
         q = queries[0, start * group:(start + k.shape[0]) * group].reshape(k.shape[0], group, n, d)
-        scores = scale_scores(torch.matmul(q, k[:, None].transpose(-1, -2)), d, getattr(attn, "scaling", None))
-        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+        scores = scale_scores(torch.matmul(q, k[:, None].transpose(-1, -2)), d, getattr(attn, "scaling", None),
+                              inplace=True)
+        scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32)
         yield slice(start * group, (start + k.shape[0]) * group), probs.reshape(-1, n, length)
 
@@ -71,18 +72,19 @@ def layer_records(attn, hidden, position_embeddings, keys, w: Windows, p: float,
     obs_start, obs_end = w.prompt_window(w.prompt_windows - 1)
     for heads, probs in row_attention(attn, queries, rows, keys[:, :, :w.end]):
         local = lambda a, b: slice(a - w.first_row, b - w.first_row)  # noqa: E731
-        response = probs[:, local(w.prompt_len, w.end)]
+        response = important_counts(probs[:, local(w.prompt_len, w.end)], theta)
         for i in range(w.prompt_windows):
             a, b = w.prompt_window(i)
             if a < 1:
                 continue
             votes = probs[:, local(a, b), :a].sum(dim=1)
-            rate, _ = hit_rates(response[:, :, :a], votes, p, theta, pooling, kernel)
+            rate, _ = counted_hit_rates(response[:, :a], votes, p, pooling, kernel)
             out.setdefault((2, i), torch.full((n_heads,), float("nan")))[heads] = rate.cpu()
         votes = probs[:, local(obs_start, obs_end), :obs_start].sum(dim=1)
         for j in range(w.response_windows):
             a, b = w.response_window(j)
-            rate, _ = hit_rates(probs[:, local(a, b), :obs_start], votes, p, theta, pooling, kernel)
+            counts = important_counts(probs[:, local(a, b), :obs_start], theta)
+            rate, _ = counted_hit_rates(counts, votes, p, pooling, kernel)
             out.setdefault((3, j), torch.full((n_heads,), float("nan")))[heads] = rate.cpu()
     return [{"figure": fig, "layer": attn.layer_idx, "window": win,
              "heads": [None if math.isnan(v) else round(float(v), 5) for v in rates]}

@@ -31,10 +31,21 @@ def selected(votes: torch.Tensor, p: float, pooling: str = "none", kernel: int =
 def hit_rates(current: torch.Tensor, votes: torch.Tensor, p: float, theta: float,
               pooling: str = "none", kernel: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hit_rate, important)`` per head: ``current`` ``[heads, n, P]``, ``votes`` ``[heads, P]``."""
-    important = current > theta
+    return counted_hit_rates(important_counts(current, theta), votes, p, pooling, kernel)
+
+
+def important_counts(current: torch.Tensor, theta: float) -> torch.Tensor:
+    """Per head and position, how many current queries attend to it above ``theta``: ``[heads, P]``.
+    A prefix of these counts is the counts over that prefix, so several prefixes share one pass."""
+    return (current > theta).sum(dim=1)
+
+
+def counted_hit_rates(counts: torch.Tensor, votes: torch.Tensor, p: float, pooling: str = "none",
+                      kernel: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hit_rates`` from ``important_counts`` over the prefix ``[heads, P]`` (the same integers)."""
     chosen = selected(votes, p, pooling, kernel)
-    hits = (important & chosen[:, None, :]).sum(dim=(1, 2)).float()
-    total = important.sum(dim=(1, 2)).float()
+    hits = (counts * chosen).sum(dim=-1).float()
+    total = counts.sum(dim=-1).float()
     rate = torch.where(total > 0, hits / total.clamp(min=1), torch.full_like(total, float("nan")))
     return rate, total.long()
 

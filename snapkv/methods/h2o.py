@@ -22,7 +22,7 @@ import torch
 from ..method import Method, check_choice, register
 from ..select import aggregate_heads, scale_scores
 
-_QUERY_CHUNK = 1024
+_QUERY_CHUNK = 128
 ACCUMULATE = ("model", "float32")
 
 
