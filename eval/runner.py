@@ -314,11 +314,15 @@ class Runner:
     def decode_batches(self, caches: list) -> list[list[int]]:
         """Which settings decode together: caches of one head layout, cheapest first, cut where a
         step's reads are smallest. A step reads the weights once per batch and, per row, the batch's
-        longest cache (every row is padded to it), so ``full`` beside small budgets may decode alone."""
-        from snapkv.merge import layout
+        longest cache (every row is padded to it), so ``full`` beside small budgets may decode alone.
+        Where each member reads only its own slots (``snapkv.merge.reads_own_slots``: sdpa) a batch
+        reads no padding, and every cache of one layout decodes in one batch."""
+        from snapkv.merge import layout, reads_own_slots
         groups: dict = {}
         for i, cache in enumerate(caches):
             groups.setdefault(layout(cache), []).append(i)
+        if reads_own_slots(self.model, caches):
+            return list(groups.values())
         batches = []
         for members in groups.values():
             members.sort(key=lambda i: kv_cache_bytes(caches[i]))

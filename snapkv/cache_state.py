@@ -44,6 +44,7 @@ class CacheState:
     cfg: Method | None = None           # the setting this cache follows
     siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
     layer_masks: list | None = None     # caches merged into one batch: per layer, [rows, length] real slots
+    layer_segments: list | None = None  # ... and per layer, (first row, end row, first real slot) of each member
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":

@@ -32,8 +32,8 @@ from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
 from .method import Method
 from .select import top_positions
-from .transformers_workarounds import (RepeatedKVLayer, cache_argument, check_cache, checked_generate, filled_layer,
-                                       kv_groups_for)
+from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
+                                       filled_layer, kv_groups_for, use_ragged_attention)
 
 
 @dataclass
@@ -112,6 +112,8 @@ class CompressionSession:
         self._handles.clear()
         for attn, groups in self._groups.items():
             attn.num_key_value_groups = groups
+            if attn.config._attn_implementation == RAGGED_ATTENTION:  # a merged decode that raised midway
+                use_ragged_attention(attn, False)
         if self._generate is not None:
             del self.model.generate  # the class method is back
             self._generate = None
@@ -206,6 +208,13 @@ class CompressionSession:
             return None
         if module.config._attn_implementation == "flash_attention_2":
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
+        ragged = (state.layer_segments is not None and state.query_len == 1
+                  and module.config._attn_implementation in ("sdpa", RAGGED_ATTENTION))
+        if ragged:  # merged caches: each member over its own slots, undone in _after_attention
+            use_ragged_attention(module, True)
+            kwargs["attention_mask"] = None
+            kwargs["snapkv_segments"] = state.layer_segments[module.layer_idx]
+            return args, kwargs
         # The model sized its mask for one layer; layers hold different lengths (PyramidKV, later
         # turns), so each layer gets its own: none for one new token without kept padding.
         if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None:
@@ -232,6 +241,8 @@ class CompressionSession:
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
     def _after_attention(self, module, args, kwargs, output):
+        if "snapkv_segments" in kwargs:
+            use_ragged_attention(module, False)
         cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
         if state is None or not state.in_prefill:

@@ -4,8 +4,12 @@ Decoding reads every weight once per step whatever the batch size, so the settin
 prefill (``snapkv.compress(model, [a, b, ...])``) can decode as one batch: ``merge_caches`` stacks
 their caches row after row, each layer left-padded to its longest member, and records per layer which
 slots are real. Inside the ``compress`` context every attention then masks the padding, layer by
-layer (PyramidKV's layers differ in length). The batched arithmetic may round differently from one
-cache decoding alone, so a token can differ where two candidates are nearly tied.
+layer (PyramidKV's layers differ in length). With sdpa attention and members without padding of
+their own (batch-1 prompts, a shared prefill's usual case), each member's new token instead attends
+over that member's own slots only (``ragged_attention``): a masked batch would read full KV's length
+for every row at every step. The batched arithmetic (the projections and MLP of several rows) may
+round differently from one cache decoding alone, so a token can differ where two candidates are
+nearly tied.
 
 A merged layer keeps room for the tokens still to come (``GrowingLayer``): transformers' own layer
 concatenates its whole cache at every step, and a batch padded to its longest member would copy
@@ -19,7 +23,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
-from .transformers_workarounds import RepeatedKVLayer, report_consumed
+from .transformers_workarounds import RAGGED_ATTENTION, RepeatedKVLayer, report_consumed
 
 
 class GrowingLayer(DynamicLayer):
@@ -64,6 +68,14 @@ def layout(cache) -> tuple:
     return tuple((type(layer).__name__, layer.keys.shape[1]) for layer in cache.layers)
 
 
+def reads_own_slots(model, caches: list) -> bool:
+    """Whether these caches, merged, decode with each member reading only its own slots (sdpa
+    attention, no padding of their own), so that batching them costs no padding reads."""
+    states = [state_of(cache) for cache in caches]
+    return model.config._attn_implementation in ("sdpa", RAGGED_ATTENTION) and all(
+        state is not None and (state.kept_mask if state.compressed else state.pad_mask) is None for state in states)
+
+
 def _own_mask(state: CacheState, rows: int, length: int, device) -> torch.Tensor:
     """The real slots of one cache's layer before padding: its kept padding, if any."""
     own = state.kept_mask if state.compressed else state.pad_mask
@@ -91,19 +103,23 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
         raise InputError("caches: the caches hold different heads per layer (gqa='repeat' and not); merge "
                          "caches of one layout (snapkv.merge.layout)")
     merged = DynamicCache()
-    masks, padded = [], False
+    masks, segments, padded = [], [], False
+    unpadded = all((state.kept_mask if state.compressed else state.pad_mask) is None for state in states)
     for idx in range(len(caches[0].layers)):
         sources = [cache.layers[idx] for cache in caches]
         longest = max(layer.keys.shape[-2] for layer in sources)
-        keys, values, real = [], [], []
+        keys, values, real, layer_segments, first_row = [], [], [], [], 0
         for cache, state, layer in zip(caches, states, sources):
             rows, length = layer.keys.shape[0], layer.keys.shape[-2]
             pad = longest - length
             keys.append(F.pad(layer.keys, (0, 0, pad, 0)))
             values.append(F.pad(layer.values, (0, 0, pad, 0)))
             real.append(F.pad(_own_mask(state, rows, length, layer.keys.device), (pad, 0), value=False))
+            layer_segments.append((first_row, first_row + rows, pad))
+            first_row += rows
             cache.layers[idx] = DynamicLayer()
         keys, values, mask = torch.cat(keys), torch.cat(values), torch.cat(real)
+        segments.append(layer_segments)
         first = sources[0]
         merged.layers.append(RepeatedKVLayer(keys, values, first.groups) if isinstance(first, RepeatedKVLayer)
                              else GrowingLayer(keys, values, spare_tokens))
@@ -112,7 +128,8 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     state = CacheState(pad_mask=None, next_positions=torch.cat([s.next_positions for s in states]),
                        consumed=states[0].consumed, in_prefill=False, compressed=True,
                        cache_lengths={i: layer.keys.shape[-2] for i, layer in enumerate(merged.layers)},
-                       layer_masks=masks if padded else None)
+                       layer_masks=masks if padded else None,
+                       layer_segments=segments if padded and unpadded else None)
     set_state(merged, state)
     report_consumed(merged, state)
     return merged

@@ -86,3 +86,34 @@ def checked_generate(model, generate):
             raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
         return generate(*args, **kwargs)
     return run
+
+
+RAGGED_ATTENTION = "snapkv_ragged"
+
+
+def ragged_attention(module, query, key, value, attention_mask, snapkv_segments=None, **kwargs):
+    """transformers' sdpa attention, run per group of rows on that group's own slots.
+
+    Caches merged into one batch (``snapkv.merge_caches``) are left-padded to their longest member;
+    masking the padding still reads it at every step, so a batch beside full KV would read full's
+    length for every row. ``snapkv_segments`` ``[(first_row, end_row, first_slot), ...]`` gives each
+    member's rows and where its real slots begin: each member then attends over its own slots only,
+    the call a cache decoding alone makes (one new token, no mask). Without segments: plain sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if snapkv_segments is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    outputs = [sdpa_attention_forward(module, query[a:b], key[a:b, :, start:], value[a:b, :, start:], None,
+                                      **kwargs)[0] for a, b, start in snapkv_segments]
+    return torch.cat(outputs), None
+
+
+def use_ragged_attention(module, on: bool) -> None:
+    """Route ``module``'s attention through ``ragged_attention`` (on) or back to sdpa. transformers
+    picks the attention function from the model config at each call, so the config's name is switched
+    around the module's call; the function passes any call without segments on to sdpa unchanged."""
+    from transformers import AttentionInterface
+    if RAGGED_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
+    name = RAGGED_ATTENTION if on else "sdpa"
+    if module.config._attn_implementation != name:
+        module.config._attn_implementation = name

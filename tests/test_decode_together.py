@@ -81,8 +81,44 @@ def test_runner_decodes_together_and_reports_each_setting():
         assert a.tokens == b.tokens
 
 
+def test_with_sdpa_each_member_attends_over_its_own_slots_only(monkeypatch):
+    """A merged sdpa batch runs one attention call per member on that member's slots (no padding read),
+    and the model's attention implementation is sdpa again after each layer, and after a failed step."""
+    import snapkv.transformers_workarounds as workarounds
+    model = tiny_model("llama-gqa", attn="sdpa")
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(4))
+    calls = []
+    real = workarounds.ragged_attention
+
+    def spy(module, query, key, value, attention_mask, snapkv_segments=None, **kwargs):
+        calls.append((module.config._attn_implementation, key.shape[-2], snapkv_segments))
+        return real(module, query, key, value, attention_mask, snapkv_segments, **kwargs)
+    monkeypatch.setattr(workarounds, "ragged_attention", spy)
+    from transformers import AttentionInterface
+    monkeypatch.setitem(AttentionInterface._global_mapping, workarounds.RAGGED_ATTENTION, spy)
+    with snapkv.compress(model, SETTINGS) as session, torch.no_grad():
+        first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]
+        lengths = session.lengths_per_setting
+        merged = snapkv.merge_caches(session.caches)
+        model(first.argmax(-1).repeat(len(SETTINGS))[:, None], cache=merged, use_cache=True)
+        assert model.config._attn_implementation == "sdpa"
+        n_layers = model.config.num_hidden_layers
+        assert len(calls) == n_layers
+        for layer, (name, padded_length, segments) in enumerate(calls):
+            longest = max(n[layer] for n in lengths)
+            assert name == workarounds.RAGGED_ATTENTION and padded_length == longest + 1
+            assert segments == [(i, i + 1, longest - n[layer]) for i, n in enumerate(lengths)]
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("out of memory")
+        monkeypatch.setitem(AttentionInterface._global_mapping, workarounds.RAGGED_ATTENTION, fail)
+        with pytest.raises(RuntimeError):
+            model(first.argmax(-1).repeat(len(SETTINGS))[:, None], cache=merged, use_cache=True)
+    assert model.config._attn_implementation == "sdpa"   # put back when the context ends
+
+
 def test_batches_keep_layouts_apart_and_full_alone_when_it_costs_more():
-    model = tiny_model("llama-gqa")
+    model = tiny_model("llama-gqa", attn="eager")   # masked batches: every row reads the longest
     runner = Runner(model)
     settings = [snapkv.FullKV(), snapkv.SnapKV(budget=48, window=8),
                 snapkv.SnapKV(budget=48, window=8, gqa="repeat"), snapkv.SnapKV(budget=56, window=8)]
@@ -95,6 +131,11 @@ def test_batches_keep_layouts_apart_and_full_alone_when_it_costs_more():
         assert sorted(map(sorted, runner.decode_batches(session.caches))) == [[0, 1, 3], [2]]
         with pytest.raises(snapkv.InputError, match="different heads per layer"):
             snapkv.merge_caches(session.caches[1:3])
+    sdpa = Runner(tiny_model("llama-gqa", attn="sdpa"))
+    with snapkv.compress(sdpa.model, settings) as session, torch.no_grad():
+        sdpa.model(ids, cache=DynamicCache(config=sdpa.model.config), use_cache=True)
+        sdpa.weight_bytes = 0         # no padding is read: one batch per layout whatever the weights cost
+        assert sorted(map(sorted, sdpa.decode_batches(session.caches))) == [[0, 1, 3], [2]]
 
 
 def test_cheapest_cuts():
