@@ -14,17 +14,20 @@ PART=${1:-all}
 LABEL="SmolLM2-135M-Instruct (Q4_1 GGUF, float32) on CPU ($(nproc) cores); command:"
 
 # One job per part: full KV and every compressor setting share one prefill per prompt (full, which
-# reads no budget or pooling, is one setting).
+# reads no budget or pooling, is one setting), and the settings decode as one batch
+# (decode_together: a token may differ from a solo run where batched arithmetic rounds differently;
+# docs/shared_prefill.md says how often it did here).
+TOGETHER="hydra/sweeper=shared_prefill shared_prefill.decode_together=true"
 longbench() {
-  $PY -m eval.longbench -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv \
+  $PY -m eval.longbench -m $TOGETHER experiment=demo compressor=full,snapkv \
       compressor.budget=256,512 compressor.pooling=maxpool,avgpool hydra.sweep.dir=$RUNS/longbench
 }
 needle() {
-  $PY -m eval.needle -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv,streamingllm \
+  $PY -m eval.needle -m $TOGETHER experiment=demo compressor=full,snapkv,streamingllm \
       compressor.budget=256 hydra.sweep.dir=$RUNS/needle
 }
 ruler() {  # query-aware and not: two jobs (the prefills differ), each sharing its prefill
-  $PY -m eval.ruler -m hydra/sweeper=shared_prefill experiment=demo compressor=full,snapkv \
+  $PY -m eval.ruler -m $TOGETHER experiment=demo compressor=full,snapkv \
       compressor.budget=256 query_aware=true,false hydra.sweep.dir=$RUNS/ruler
 }
 observe() {

@@ -41,6 +41,7 @@ class Shape:
     active_experts: int      # experts each token runs
     shared_intermediate: int  # a shared expert's (Qwen2-MoE), 0 if none
     tied: bool
+    device: str = "cuda"     # where it runs: a method may size its chunks by device (H2O)
 
     @classmethod
     def of(cls, config) -> "Shape":
@@ -117,11 +118,13 @@ def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes:
 
 
 def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfloat16",
-         attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0) -> dict:
+         attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
+         device: str = "cuda") -> dict:
     """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks)."""
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
+    s.device = str(device)
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
     kept = [min(length, compressor.layer_budget(i, s.layers, length)) if compresses else length
@@ -172,7 +175,7 @@ def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_1
 
 def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: str = "bfloat16",
                 attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
-                decode_together: bool = False) -> dict:
+                decode_together: bool = False, device: str = "cuda") -> dict:
     """A shared prefill of several settings (``snapkv.compress(model, [a, b, ...])``): every kept cache
     plus the largest transient. While the last layer runs, each setting holds its earlier layers as it
     keeps them and that layer's full KV is held once; the settings score one after another, so the
@@ -183,7 +186,7 @@ def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: s
     if not compressors:
         raise InputError("compressors=[]: plan at least one setting")
     kw = dict(batch=batch, dtype=dtype, attn_implementation=attn_implementation, mlp_chunk=mlp_chunk,
-              decode_tokens=decode_tokens)
+              decode_tokens=decode_tokens, device=device)
     plans = [plan(config, length, c if c is not None and c.compresses else None, **kw) for c in compressors]
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)

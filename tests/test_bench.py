@@ -227,7 +227,7 @@ def test_the_planner_follows_a_measured_cpu_peak(method):
         spec = {"method": method, "budget": fields.get("budget"), "input_tokens": length, "batch": 1,
                 "decode_tokens": 4, "repeats": 1, "warmup": False, "compressor": fields}
         planned[length] = plan(model_architecture(cfg.model), length, compressor, dtype="float32",
-                               decode_tokens=4)["peak_above_weights_bytes"]
+                               decode_tokens=4, device="cpu")["peak_above_weights_bytes"]
         peaks = []
         for _ in range(2):  # allocator noise only adds (a busy machine's extra arenas): keep the lower of two
             proc = run_worker({"model": OmegaConf.to_container(cfg.model, resolve=True), "device": "cpu",
@@ -266,6 +266,24 @@ def test_planner_terms_per_method_and_architecture():
     assert 46 < plan(mixtral, 1, None)["weights_bytes"] / 2 / 1e9 < 47.5   # Mixtral-8x7B: 46.7B
     with _pytest.raises(ValueError, match="model_type='gpt2': the memory planner knows"):
         plan(dict(base, model_type="gpt2"), 100, None)
+
+
+def test_h2o_plans_the_query_chunk_of_the_device_it_runs_on(monkeypatch):
+    """H2O scores 128 query rows at a time on a CPU (the chunk stays in cache) and 1,024 elsewhere (fewer
+    kernel launches); the planner's term follows the device, and so does the real chunking."""
+    import snapkv.methods.h2o as h2o
+    arch = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000}
+    comp = snapkv.H2O(budget=256)
+    cpu, cuda = (plan(arch, 8192, comp, dtype="float32", device=d)["prefill_transient_bytes"] for d in ("cpu", "cuda"))
+    # a KV head's 4 query heads' scores and float32 probabilities, and the chunk's diagonal mask
+    assert cuda - cpu == 4 * (1024 - 128) * 8192 * (4 + 4) + (1024**2 - 128**2)
+    assert h2o.query_chunk(torch.device("cpu")) == 128 and h2o.query_chunk(torch.device("cuda", 0)) == 1024
+    rows = []
+    real = torch.Tensor.masked_fill_
+    monkeypatch.setattr(torch.Tensor, "masked_fill_", lambda self, *a: rows.append(self.shape[-2]) or real(self, *a))
+    h2o.accumulated_attention(torch.randn(1, 4, 300, 16), torch.randn(1, 2, 300, 16))
+    assert rows == [128, 128, 128, 128, 44, 44]              # 3 chunks of query rows x 2 KV heads
 
 
 def test_a_method_without_a_memory_term_is_not_planned():

@@ -148,7 +148,7 @@ def test_h2o_sums_in_the_model_dtype_as_kvcache_factory():
 def test_h2o_chunks_of_queries_and_heads_equal_the_one_shot_sum(monkeypatch, padded):
     """Several query chunks, each scored against its causal prefix only, one KV head at a time."""
     import snapkv.methods.h2o as h2o
-    monkeypatch.setattr(h2o, "_QUERY_CHUNK", 64)
+    monkeypatch.setattr(h2o, "_CPU_QUERY_CHUNK", 64)
     torch.manual_seed(1)
     q, k = torch.randn(2, 4, 300, 16), torch.randn(2, 2, 300, 16)
     mask = torch.ones(2, 300, dtype=torch.bool)
@@ -165,7 +165,7 @@ def test_h2o_chunks_in_bfloat16_round_once_as_the_one_shot_sum(monkeypatch):
     """Chunk sums added in float32 and rounded once: the official bf16 one-shot sum, not a sum rounded
     to bf16 after every chunk."""
     import snapkv.methods.h2o as h2o
-    monkeypatch.setattr(h2o, "_QUERY_CHUNK", 32)
+    monkeypatch.setattr(h2o, "_CPU_QUERY_CHUNK", 32)
     torch.manual_seed(0)
     q, k = torch.randn(1, 2, 200, 16).bfloat16(), torch.randn(1, 2, 200, 16).bfloat16()
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)

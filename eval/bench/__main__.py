@@ -219,7 +219,7 @@ def _add_predictions(cfg, rows: list[dict]) -> None:
         comp = None if r["method"] == "full" else snapkv.build_config(r["method"], **{**node, "budget": r["budget"]})
         p = plan(arch, r["input_tokens"], comp, batch=r["batch"], dtype=str(cfg.model.dtype),
                  attn_implementation=cfg.model.get("attn_implementation", "sdpa"), mlp_chunk=cfg.model.get("mlp_chunk"),
-                 decode_tokens=int(cfg.bench.decode_tokens))
+                 decode_tokens=int(cfg.bench.decode_tokens), device=resolve_device(cfg))
         r["predicted_peak_above_model_bytes"] = p["peak_above_weights_bytes"]
         r["predicted_kv_cache_bytes"] = p["kv_cache_bytes"]
 
