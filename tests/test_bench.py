@@ -274,10 +274,19 @@ def test_h2o_plans_the_query_chunk_of_the_device_it_runs_on(monkeypatch):
     import snapkv.methods.h2o as h2o
     arch = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
             "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000}
+    from snapkv.memory import Shape
     comp = snapkv.H2O(budget=256)
-    cpu, cuda = (plan(arch, 8192, comp, dtype="float32", device=d)["prefill_transient_bytes"] for d in ("cpu", "cuda"))
-    # a KV head's 4 query heads' scores and float32 probabilities, and the chunk's diagonal mask
-    assert cuda - cpu == 4 * (1024 - 128) * 8192 * (4 + 4) + (1024**2 - 128**2)
+
+    def term(device, nbytes):
+        shape = Shape.of(arch)
+        shape.device = device
+        return comp.compression_bytes(shape, 8192, 1, nbytes)
+    # a KV head's 4 query heads' float32 scores (their softmax taken in place), the chunk's diagonal mask
+    assert term("cuda", 4) - term("cpu", 4) == 4 * (1024 - 128) * 8192 * 4 + (1024**2 - 128**2)
+    # below float32 the float32 probabilities are a buffer of their own
+    assert term("cuda", 2) - term("cpu", 2) == 4 * (1024 - 128) * 8192 * (2 + 4) + (1024**2 - 128**2)
+    planned = {d: plan(arch, 8192, comp, dtype="float32", device=d)["prefill_transient_bytes"] for d in ("cpu", "cuda")}
+    assert planned["cuda"] > planned["cpu"]
     assert h2o.query_chunk(torch.device("cpu")) == 128 and h2o.query_chunk(torch.device("cuda", 0)) == 1024
     rows = []
     real = torch.Tensor.masked_fill_

@@ -43,10 +43,11 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     Queries go in chunks of ``query_chunk(device)`` rows and one KV head (its group of query heads) at a
     time; a chunk is scored against the keys up to its last query only, since later keys get an
     exact zero from the causal softmax, and only its diagonal block needs the causal mask. Every
-    chunk's scores and probabilities go into two buffers allocated once (a fresh allocation of that
-    size would be new, page-faulted memory at every chunk). The chunks' sums are added in float32 and
-    rounded to the model dtype once, as the official one-shot sum is (they can differ from it in the
-    order of the float32 additions only)."""
+    chunk's scores and probabilities go into buffers allocated once (a fresh allocation of that
+    size would be new, page-faulted memory at every chunk): one in float32, where the softmax is taken
+    in place, and a float32 one for the probabilities beside the scores in a lower precision. The
+    chunks' sums are added in float32 and rounded to the model dtype once, as the official one-shot
+    sum is (they can differ from it in the order of the float32 additions only)."""
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
@@ -54,7 +55,9 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     chunk = query_chunk(queries.device)
     size = b * group * min(chunk, length) * length
     scores_buffer = torch.empty(size, dtype=queries.dtype, device=queries.device)
-    probs_buffer = torch.empty(size, dtype=torch.float32, device=queries.device)
+    # float32 scores take their softmax in place (the same values): one buffer stays in cache
+    in_place = queries.dtype == torch.float32
+    probs_buffer = scores_buffer if in_place else torch.empty(size, dtype=torch.float32, device=queries.device)
     key_pos = torch.arange(length, device=queries.device)
     lowest = torch.finfo(queries.dtype).min
     for start in range(0, length, chunk):
@@ -101,12 +104,12 @@ class H2O(Method):
         return aggregate_heads(votes[..., :-self.window].float(), keys.shape[1], self.gqa)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
-        """All L queries; the scores buffer (the model dtype) and the float32 probabilities buffer of one
-        KV head's group of query heads and a chunk of rows against every key (the last chunk's size),
-        a float32 copy of the probabilities where they are summed in float32 below float32, the chunk's
-        causal mask (bool, its diagonal block); the summed votes."""
+        """All L queries; the scores buffer (the model dtype) and, below float32, the float32
+        probabilities buffer of one KV head's group of query heads and a chunk of rows against every
+        key (the last chunk's size) and a float32 copy of the probabilities where they are summed in
+        float32; the chunk's causal mask (bool, its diagonal block); the summed votes."""
         queries = batch * shape.heads * length * shape.head_dim * nbytes
         rows = min(length, query_chunk(shape.device))
-        per_entry = nbytes + 4 + (4 if self.accumulate == "float32" and nbytes != 4 else 0)
+        per_entry = nbytes + (4 + (4 if self.accumulate == "float32" else 0) if nbytes != 4 else 0)
         scores = batch * (shape.heads // shape.kv_heads) * rows * length * per_entry
         return queries + scores + rows * rows + batch * shape.heads * length * 4 * 2
