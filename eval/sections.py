@@ -59,7 +59,6 @@ class ModelSection:
     mlp_chunk: Optional[int] = None
 
 
-
 @dataclass
 class LongBenchSection:
     datasets: List[str] = field(default_factory=lambda: list(_paper_datasets()))
@@ -161,7 +160,6 @@ class ObserveSection:
     limit: Optional[int] = None
 
 
-
 @dataclass
 class BenchSweepSection:
     enabled: bool = False
@@ -195,7 +193,6 @@ class BenchSection:
     probe_timeout_s: float = 3600
     plan_lengths: List[int] = field(default_factory=lambda: [16384, 33000, 131072, 380000])
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
-
 
 
 @dataclass

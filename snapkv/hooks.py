@@ -33,7 +33,8 @@ from .errors import InputError
 from .method import Method
 from .select import top_positions
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
-                                       filled_layer, kv_groups_for, use_ragged_attention)
+                                       filled_layer, kv_groups_for, takes_ragged_attention,
+                                       use_ragged_attention)
 
 
 @dataclass
@@ -208,8 +209,7 @@ class CompressionSession:
             return None
         if module.config._attn_implementation == "flash_attention_2":
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
-        ragged = (state.layer_segments is not None and state.query_len == 1
-                  and module.config._attn_implementation in ("sdpa", RAGGED_ATTENTION))
+        ragged = state.layer_segments is not None and state.query_len == 1 and takes_ragged_attention(module.config)
         if ragged:  # merged caches: each member over its own slots, undone in _after_attention
             use_ragged_attention(module, True)
             kwargs["attention_mask"] = None

@@ -44,7 +44,7 @@ class Shape:
     device: str = "cuda"     # where it runs: a method may size its chunks by device (H2O)
 
     @classmethod
-    def of(cls, config) -> "Shape":
+    def of(cls, config, device: str = "cuda") -> "Shape":
         model_type = _get(config, "model_type")
         if model_type is not None and model_type not in PLANNED:
             raise InputError(f"model_type={model_type!r}: the memory planner knows {', '.join(PLANNED)}; "
@@ -60,7 +60,7 @@ class Shape:
                    intermediate=intermediate, vocab=int(_get(config, "vocab_size")), experts=experts,
                    active_experts=int(_get(config, "num_experts_per_tok", 1) or 1) if moe else 1,
                    shared_intermediate=int(_get(config, "shared_expert_intermediate_size", 0) or 0),
-                   tied=bool(_get(config, "tie_word_embeddings", False)))
+                   tied=bool(_get(config, "tie_word_embeddings", False)), device=str(device))
 
     def parameters(self) -> int:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
@@ -123,8 +123,7 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks)."""
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
-    s, n = Shape.of(config), DTYPE_BYTES[dtype]
-    s.device = str(device)
+    s, n = Shape.of(config, device), DTYPE_BYTES[dtype]
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
     kept = [min(length, compressor.layer_budget(i, s.layers, length)) if compresses else length

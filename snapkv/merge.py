@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
-from .transformers_workarounds import RAGGED_ATTENTION, RepeatedKVLayer, report_consumed
+from .transformers_workarounds import RepeatedKVLayer, report_consumed, takes_ragged_attention
 
 
 class GrowingLayer(DynamicLayer):
@@ -72,13 +72,18 @@ def reads_own_slots(model, caches: list) -> bool:
     """Whether these caches, merged, decode with each member reading only its own slots (sdpa
     attention, no padding of their own), so that batching them costs no padding reads."""
     states = [state_of(cache) for cache in caches]
-    return model.config._attn_implementation in ("sdpa", RAGGED_ATTENTION) and all(
-        state is not None and (state.kept_mask if state.compressed else state.pad_mask) is None for state in states)
+    return takes_ragged_attention(model.config) and all(
+        state is not None and _own_padding(state) is None for state in states)
+
+
+def _own_padding(state: CacheState) -> torch.Tensor | None:
+    """A cache's own real-slot mask (its kept padding, or its prompt's), None where it has none."""
+    return state.kept_mask if state.compressed else state.pad_mask
 
 
 def _own_mask(state: CacheState, rows: int, length: int, device) -> torch.Tensor:
     """The real slots of one cache's layer before padding: its kept padding, if any."""
-    own = state.kept_mask if state.compressed else state.pad_mask
+    own = _own_padding(state)
     if own is None:
         return torch.ones(rows, length, dtype=torch.bool, device=device)
     if own.shape[1] != length:
@@ -104,7 +109,7 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
                          "caches of one layout (snapkv.merge.layout)")
     merged = DynamicCache()
     masks, segments, padded = [], [], False
-    unpadded = all((state.kept_mask if state.compressed else state.pad_mask) is None for state in states)
+    unpadded = all(_own_padding(state) is None for state in states)
     for idx in range(len(caches[0].layers)):
         sources = [cache.layers[idx] for cache in caches]
         longest = max(layer.keys.shape[-2] for layer in sources)

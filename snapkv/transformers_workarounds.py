@@ -107,6 +107,11 @@ def ragged_attention(module, query, key, value, attention_mask, snapkv_segments=
     return torch.cat(outputs), None
 
 
+def takes_ragged_attention(config) -> bool:
+    """Whether a model with this config can attend per member (its attention is sdpa, or switched)."""
+    return config._attn_implementation in ("sdpa", RAGGED_ATTENTION)
+
+
 def use_ragged_attention(module, on: bool) -> None:
     """Route ``module``'s attention through ``ragged_attention`` (on) or back to sdpa. transformers
     picks the attention function from the model config at each call, so the config's name is switched

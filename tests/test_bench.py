@@ -278,9 +278,7 @@ def test_h2o_plans_the_query_chunk_of_the_device_it_runs_on(monkeypatch):
     comp = snapkv.H2O(budget=256)
 
     def term(device, nbytes):
-        shape = Shape.of(arch)
-        shape.device = device
-        return comp.compression_bytes(shape, 8192, 1, nbytes)
+        return comp.compression_bytes(Shape.of(arch, device), 8192, 1, nbytes)
     # a KV head's 4 query heads' float32 scores (their softmax taken in place), the chunk's diagonal mask
     assert term("cuda", 4) - term("cpu", 4) == 4 * (1024 - 128) * 8192 * 4 + (1024**2 - 128**2)
     # below float32 the float32 probabilities are a buffer of their own

@@ -102,12 +102,9 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         prefill, decode = [], []
-        for i in range(prefills):
-            if prefills == repeats:
-                runs = [runner.generate(ids, compressor, int(spec["decode_tokens"]))]
-            else:  # fewer prefills than decodes: the decodes share them, each from a copy of its cache
-                share = repeats // prefills + (i < repeats % prefills)
-                runs = runner.decode_repeatedly(ids, compressor, int(spec["decode_tokens"]), share)
+        for i in range(prefills):  # the decodes share the prefills, each from a copy of its cache
+            share = repeats // prefills + (i < repeats % prefills)
+            runs = runner.decode_repeatedly(ids, compressor, int(spec["decode_tokens"]), share)
             prefill.append(runs[0].prefill_s)
             decode.extend(run.decode_s_per_token for run in runs)
             out = runs[-1]

@@ -16,6 +16,7 @@ from .hits import overlap
 from .summary import figures, overlap_table, tables
 from snapkv.errors import InputError
 
+
 def check(observe) -> None:
     for name in ("window", "prompt_windows", "response_windows", "kernel", "other_instructions"):
         value = observe[name]
