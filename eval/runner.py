@@ -16,6 +16,7 @@ import torch
 
 import snapkv
 from snapkv.errors import InputError, check_choice
+from snapkv.merge import finish_member
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")  # model.attn_implementation
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -346,6 +347,8 @@ class Runner:
                     token = int(picks[k * rows])
                     tokens[k].append(token)
                     done[k] = token in stop or step == max_new_tokens - 1
+                    if done[k]:  # its rows run on until the last one stops, reading nothing
+                        finish_member(cache, k * rows)
             if all(done):
                 break
             logits = self.model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]

@@ -43,16 +43,20 @@ def rope_function(attn):
     return getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
 
 
-def window_queries(attn, hidden_states: torch.Tensor, position_embeddings, n: int) -> torch.Tensor:
+def window_queries(attn, hidden_states: torch.Tensor, position_embeddings, n: int,
+                   projected: torch.Tensor | None = None) -> torch.Tensor:
     """Post-RoPE query states ``[b, H, n, d]`` of the last ``n`` positions, as the module computes them."""
-    return queries_at(attn, hidden_states, position_embeddings, slice(-n, None))
+    return queries_at(attn, hidden_states, position_embeddings, slice(-n, None), projected)
 
 
-def queries_at(attn, hidden_states: torch.Tensor, position_embeddings, rows: slice) -> torch.Tensor:
-    """Post-RoPE query states ``[b, H, n, d]`` of the positions ``rows``, as the module computes them."""
+def queries_at(attn, hidden_states: torch.Tensor, position_embeddings, rows: slice,
+               projected: torch.Tensor | None = None) -> torch.Tensor:
+    """Post-RoPE query states ``[b, H, n, d]`` of the positions ``rows``, as the module computes them.
+    ``projected``: the module's own ``q_proj`` output for every position, if kept (not computed again)."""
     hidden = hidden_states[:, rows]
     b = hidden.shape[0]
-    q = attn.q_proj(hidden).view(b, hidden.shape[1], -1, attn.head_dim)
+    q = projected[:, rows] if projected is not None else attn.q_proj(hidden)
+    q = q.view(b, hidden.shape[1], -1, attn.head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises queries per head before RoPE
         q = attn.q_norm(q)
     q = q.transpose(1, 2)

@@ -49,7 +49,8 @@ class LayerContext:
     pad_mask: torch.Tensor | None
     layer_idx: int
     num_layers: int
-    memo: dict = field(default_factory=dict)
+    projected_queries: torch.Tensor | None = None  # the module's own q_proj output, kept for a method
+    memo: dict = field(default_factory=dict)       # reading every query (``Method.reads_every_query``)
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -59,8 +60,16 @@ class LayerContext:
         return self.memo[key]
 
     def queries(self, n: int) -> torch.Tensor:
-        return self.shared(("queries", n), lambda: window_queries(self.attn, self.hidden_states,
-                                                                  self.position_embeddings, n))
+        return self.shared(("queries", n), lambda: self._queries(n))
+
+    def _queries(self, n: int) -> torch.Tensor:
+        projected = self.projected_queries
+        if projected is None or n < projected.shape[1]:
+            # a window: projected again from its own rows (a slice of the module's product could round
+            # otherwise, and the selections made so far would change)
+            return window_queries(self.attn, self.hidden_states, self.position_embeddings, n)
+        self.projected_queries = None  # every row: the module's own product, held no longer than this
+        return window_queries(self.attn, self.hidden_states, self.position_embeddings, n, projected)
 
     @property
     def scaling(self) -> float | None:
@@ -91,6 +100,9 @@ class CompressionSession:
         self.caches: list = []                # of the latest prefill, one per setting
         self._handles: list = []
         self._groups = {}
+        # a method scoring every query (H2O) reads the prompt's query projection as the module made it
+        self._keeps_projections = any(one.reads_every_query for one in cfgs)
+        self._projections: dict = {}
         self._generate = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -103,6 +115,8 @@ class CompressionSession:
             self._groups[attn] = attn.num_key_value_groups
             self._handles.append(attn.register_forward_pre_hook(self._before_attention, with_kwargs=True))
             self._handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
+            if self._keeps_projections:
+                self._handles.append(attn.q_proj.register_forward_hook(self._projection_keeper(attn)))
         if hasattr(self.model, "generate"):
             self._generate = self.model.generate
             self.model.generate = checked_generate(self.model, self._generate)
@@ -111,6 +125,7 @@ class CompressionSession:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._projections.clear()
         for attn, groups in self._groups.items():
             attn.num_key_value_groups = groups
             if attn.config._attn_implementation == RAGGED_ATTENTION:  # a merged decode that raised midway
@@ -240,7 +255,14 @@ class CompressionSession:
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
+    def _projection_keeper(self, attn):
+        """A forward hook on ``attn.q_proj`` that keeps its output until the attention module returns."""
+        def keep(module, args, output):
+            self._projections[attn] = output
+        return keep
+
     def _after_attention(self, module, args, kwargs, output):
+        projected = self._projections.pop(module, None)
         if "snapkv_segments" in kwargs:
             use_ragged_attention(module, False)
         cache = cache_argument(kwargs)
@@ -251,7 +273,7 @@ class CompressionSession:
         layer = cache.layers[idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
-                           idx, len(self.layers))
+                           idx, len(self.layers), projected)
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
             self._compress_layer(ctx, target, target_state)

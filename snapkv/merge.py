@@ -92,6 +92,18 @@ def _own_mask(state: CacheState, rows: int, length: int, device) -> torch.Tensor
     return own
 
 
+def finish_member(cache, first_row: int) -> None:
+    """The member of a merged cache whose rows begin at ``first_row`` has finished decoding: from the
+    next step on its rows attend over nothing (their output is zero; their tokens must be ignored), so
+    the batch stops reading its slots while the others decode on. The other members' rows compute
+    exactly what they computed before. Only where members attend over their own slots
+    (``layer_segments``); a masked batch is left as it is."""
+    state = state_of(cache)
+    if state is not None and state.layer_segments is not None:
+        state.layer_segments = [[segment for segment in layer if segment[0] != first_row]
+                                for layer in state.layer_segments]
+
+
 def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     """One cache whose rows are ``caches``' rows, in order, for decoding them as one batch, with room
     for ``spare_tokens`` more tokens in every layer (it grows beyond that).

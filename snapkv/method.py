@@ -36,6 +36,9 @@ class Method:
     # is added as ``<name><value>`` (``tag_template``), so two settings never share a folder
     tag_parts: ClassVar[tuple] = ("w{window}", "{gqa}")
     untagged: ClassVar[tuple] = ()  # fields that cannot change what is kept (still in the fingerprint)
+    # whether ``score`` reads the queries of every prompt position (``ctx.queries(length)``): the
+    # session then keeps each layer's q_proj output from the module's own call instead of projecting again
+    reads_every_query: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()

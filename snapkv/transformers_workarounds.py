@@ -98,12 +98,22 @@ def ragged_attention(module, query, key, value, attention_mask, snapkv_segments=
     masking the padding still reads it at every step, so a batch beside full KV would read full's
     length for every row. ``snapkv_segments`` ``[(first_row, end_row, first_slot), ...]`` gives each
     member's rows and where its real slots begin: each member then attends over its own slots only,
-    the call a cache decoding alone makes (one new token, no mask). Without segments: plain sdpa."""
+    the call a cache decoding alone makes (one new token, no mask). Rows no segment names belong to a
+    member that has finished (``snapkv.merge.finish_member``): their output is zero. Without segments:
+    plain sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if snapkv_segments is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    outputs = [sdpa_attention_forward(module, query[a:b], key[a:b, :, start:], value[a:b, :, start:], None,
-                                      **kwargs)[0] for a, b, start in snapkv_segments]
+    outputs, row = [], 0
+    rows, heads, q_len, d = query.shape
+    for a, b, start in snapkv_segments:
+        if a > row:
+            outputs.append(query.new_zeros(a - row, q_len, heads, d))
+        outputs.append(sdpa_attention_forward(module, query[a:b], key[a:b, :, start:], value[a:b, :, start:], None,
+                                              **kwargs)[0])
+        row = b
+    if row < rows:
+        outputs.append(query.new_zeros(rows - row, q_len, heads, d))
     return torch.cat(outputs), None
 
 

@@ -359,29 +359,69 @@ def test_sweep_mode_bad_settings_name_the_field(tmp_path):
                               f"output_dir={tmp_path}"]))
 
 
-def test_cpu_peaks_come_from_a_fresh_process_and_timings_from_this_one(monkeypatch):
+def test_cpu_peaks_come_from_the_worker_and_timings_from_this_process(monkeypatch):
     """The fixed mmap threshold makes peaks honest but slows decoding with a long cache, so on CPU a
-    configuration's peak comes from a worker under WORKER_ENV (one run, no warm-up) and its timings
+    configuration's peak comes from the worker under WORKER_ENV (one run, no warm-up) and its timings
     from the benchmark's own process."""
     from omegaconf import OmegaConf
-    import eval.bench.measure as measure
+    from eval.bench.measure import PeakWorker
     from eval.bench.__main__ import _run_fresh
     seen = []
-    real = measure.run_worker
+    real = PeakWorker.measure
 
-    def spy(request, timeout_s=None):
-        seen.append((request["spec"]["repeats"], request["spec"]["warmup"]))
-        return real(request, timeout_s)
-    monkeypatch.setattr(measure, "run_worker", spy)
+    def spy(self, spec):
+        seen.append((spec["repeats"], spec["warmup"]))
+        return real(self, spec)
+    monkeypatch.setattr(PeakWorker, "measure", spy)
     model = OmegaConf.to_container(compose("bench", ["model=tiny-llama"]).model, resolve=True)
     spec = {"method": "full", "budget": None, "input_tokens": 64, "batch": 1, "decode_tokens": 2, "repeats": 3,
             "compressor": {}}
     timings = {"method": "full", "prefill_s": 2.0, "decode_s_per_token": 0.5, "peak_memory_bytes": 1,
                "peak_above_model_bytes": 1, "oom": False}
-    row = _run_fresh(model, "cpu", spec, lambda s: dict(timings, repeats=s["repeats"]))
+    worker = PeakWorker(model, "cpu")
+    try:
+        row = _run_fresh(worker, spec, lambda s: dict(timings, repeats=s["repeats"]))
+    finally:
+        worker.close()
     assert seen == [(1, False)]
     assert (row["prefill_s"], row["decode_s_per_token"], row["repeats"]) == (2.0, 0.5, 3)
     assert row["peak_above_model_bytes"] > 1000 and row["peak_memory_bytes"] > 1000   # the worker's
+
+
+def test_one_worker_measures_each_configuration_above_what_was_resident_before_it():
+    """One process serves every configuration of a run: a long one's tensors are unmapped when freed
+    (the fixed threshold), so a short one after it measures what a fresh process measures; a worker
+    that ended is started again, and one killed while measuring gives no row."""
+    import os
+    import signal
+    import threading
+    from omegaconf import OmegaConf
+    from eval.bench.measure import PeakWorker, run_worker
+    model = OmegaConf.to_container(compose("bench", ["model=tiny-llama-32l"]).model, resolve=True)
+
+    def spec(tokens):
+        return {"method": "full", "budget": None, "input_tokens": tokens, "batch": 1, "decode_tokens": 2,
+                "repeats": 1, "warmup": False, "compressor": {}}
+    fresh = json.loads(run_worker({"model": model, "device": "cpu", "spec": spec(512)}, 600)
+                       .stdout.strip().splitlines()[-1])["peak_above_model_bytes"]
+    worker = PeakWorker(model, "cpu")
+    try:
+        long = worker.measure(spec(8192))["peak_above_model_bytes"]
+        pid = worker.proc.pid
+        after_long = worker.measure(spec(512))["peak_above_model_bytes"]
+        assert worker.proc.pid == pid                        # the same process
+        assert after_long < long / 4
+        assert abs(after_long - fresh) < 0.25 * fresh, (after_long, fresh)
+        worker.proc.kill()                                   # it ends between two configurations
+        worker.proc.wait()
+        assert worker.measure(spec(512))["peak_above_model_bytes"] > 0
+        assert worker.proc.pid != pid
+        worker.close()
+        worker._start()                                      # killed while it measures (still importing)
+        threading.Timer(0.5, os.kill, (worker.proc.pid, signal.SIGKILL)).start()
+        assert worker.measure(spec(512)) is None and worker.proc is None
+    finally:
+        worker.close()
 
 
 def test_plan_only_prints_the_planner_without_weights(tmp_path):

@@ -161,15 +161,18 @@ def test_h2o_chunks_of_queries_and_heads_equal_the_one_shot_sum(monkeypatch, pad
     torch.testing.assert_close(got, probs.sum(dim=-2), rtol=1e-5, atol=1e-5)
 
 
-def test_h2o_chunks_in_bfloat16_round_once_as_the_one_shot_sum(monkeypatch):
+@pytest.mark.parametrize("scaling", [None, 0.125, 0.3])
+def test_h2o_chunks_in_bfloat16_round_once_as_the_one_shot_sum(monkeypatch, scaling):
     """Chunk sums added in float32 and rounded once: the official bf16 one-shot sum, not a sum rounded
-    to bf16 after every chunk."""
+    to bf16 after every chunk. A power-of-two scale (1/sqrt(16), 1/8) is applied to the queries before
+    the matmul, any other to the scores after it, as the official code does: the same bits either way."""
     import snapkv.methods.h2o as h2o
     monkeypatch.setattr(h2o, "_CPU_QUERY_CHUNK", 32)
     torch.manual_seed(0)
     q, k = torch.randn(1, 2, 200, 16).bfloat16(), torch.randn(1, 2, 200, 16).bfloat16()
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)
+    scores = (q @ k.transpose(-1, -2))
+    scores = scores / math.sqrt(16) if scaling is None else scores * scaling
     scores = scores + torch.full((200, 200), torch.finfo(scores.dtype).min).triu(1).bfloat16()
     official = torch.softmax(scores, dim=-1, dtype=torch.float32).to(torch.bfloat16).sum(dim=-2)
-    got = h2o.accumulated_attention(q, k)
+    got = h2o.accumulated_attention(q, k, scaling=scaling)
     assert got.dtype == torch.bfloat16 and torch.equal(got, official)

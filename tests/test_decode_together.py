@@ -117,6 +117,42 @@ def test_with_sdpa_each_member_attends_over_its_own_slots_only(monkeypatch):
     assert model.config._attn_implementation == "sdpa"   # put back when the context ends
 
 
+def test_a_finished_member_stops_reading_its_slots_and_the_others_decode_on_exactly(monkeypatch):
+    """After ``finish_member`` a member's rows attend over nothing (zero output, one sdpa call fewer a
+    layer); every other row's logits are the same bits as when it goes on reading."""
+    import snapkv.transformers_workarounds as workarounds
+    from transformers import AttentionInterface
+    from snapkv.merge import finish_member
+    model = tiny_model("llama-gqa", attn="sdpa")
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(4))
+    calls = []
+
+    def counting(module, query, key, value, attention_mask, snapkv_segments=None, **kwargs):
+        calls.append(len(snapkv_segments))
+        return workarounds.ragged_attention(module, query, key, value, attention_mask, snapkv_segments, **kwargs)
+    monkeypatch.setitem(AttentionInterface._global_mapping, workarounds.RAGGED_ATTENTION, counting)
+
+    def decode(finished):
+        with snapkv.compress(model, SETTINGS) as session, torch.no_grad():
+            first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]
+            merged = snapkv.merge_caches(session.caches, spare_tokens=4)
+            out = [model(first.argmax(-1).repeat(len(SETTINGS))[:, None], cache=merged, use_cache=True).logits]
+            for row in finished:
+                finish_member(merged, row)
+            for token in FORCED[:3]:
+                out.append(model(torch.full((len(SETTINGS), 1), token), cache=merged, use_cache=True).logits)
+        return torch.cat(out, 1)
+    reading = decode([])
+    calls.clear()
+    finished = decode([0, 3])
+    n_layers = model.config.num_hidden_layers
+    assert calls == [len(SETTINGS)] * n_layers + [len(SETTINGS) - 2] * 3 * n_layers
+    assert torch.equal(finished[:, 0], reading[:, 0])
+    others = [1, 2, 4, 5]
+    assert torch.equal(finished[others], reading[others])
+    assert not torch.equal(finished[[0, 3], 1:], reading[[0, 3], 1:])
+
+
 def test_batches_keep_layouts_apart_and_full_alone_when_it_costs_more():
     model = tiny_model("llama-gqa", attn="eager")   # masked batches: every row reads the longest
     runner = Runner(model)

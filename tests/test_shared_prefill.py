@@ -100,6 +100,35 @@ def test_scores_that_settings_share_are_computed_once(monkeypatch):
     assert calls == {"window": 2 * layers, "h2o": layers}  # windows 8 and 16; one accumulated sum
 
 
+@pytest.mark.parametrize("arch", ["llama-gqa", "qwen3"])
+def test_h2o_reads_the_query_projection_the_module_made(monkeypatch, arch):
+    """Every prompt query's projection is the module's own q_proj output (one call a layer, not two),
+    and the caches are the ones a projection made again gives, bit for bit."""
+    model = tiny_model(arch)
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(5))
+    settings = [snapkv.H2O(budget=48, window=8), snapkv.SnapKV(budget=48, window=8, kernel=5)]
+
+    def prefill():
+        calls = []
+        hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, a, out: calls.append(out.shape[1]))
+                 for layer in model.model.layers]
+        with snapkv.compress(model, settings) as session, torch.no_grad():
+            model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+            layers = [[(l.keys, l.values) for l in cache.layers] for cache in session.caches]
+        for hook in hooks:
+            hook.remove()
+        return calls, layers
+    n_layers = model.config.num_hidden_layers
+    calls, kept = prefill()
+    assert sorted(calls) == sorted([150, 8] * n_layers)  # the module's own; SnapKV's window projected again
+    monkeypatch.setattr(snapkv.H2O, "reads_every_query", False)
+    calls, projected_again = prefill()
+    assert sorted(calls) == sorted([150] * 2 * n_layers + [8] * n_layers)
+    for mine, again in zip(kept, projected_again):
+        for (k, v), (k2, v2) in zip(mine, again):
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
 def test_generate_continues_each_cache():
     """A later turn through generate on each setting's cache equals the solo run's."""
     model = tiny_model("llama-gqa")

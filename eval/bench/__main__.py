@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from snapkv.errors import InputError
 
-import json
-
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -46,31 +44,23 @@ def _key(row) -> tuple:
     return row["method"], row.get("budget"), row["input_tokens"], row.get("batch", 1)
 
 
-def _run_fresh(model_cfg: dict, device: str, spec: dict, timed) -> dict:
-    """One configuration on CPU: its peak from a fresh process under the fixed allocator setting (one
-    run, ``eval.bench.measure``), its timings from ``timed(spec)`` in this process, as users run Python."""
+def _run_fresh(worker, spec: dict, timed) -> dict:
+    """One configuration on CPU: its peak from the worker process under the fixed allocator setting
+    (one run, ``eval.bench.measure.PeakWorker``), its timings from ``timed(spec)`` in this process, as
+    users run Python."""
     from .measure import PEAK_FIELDS
-    memory = _worker_row(model_cfg, device, {**spec, "repeats": 1, "warmup": False})
-    if memory["oom"] or memory.get("killed"):
+    memory = worker.measure({**spec, "repeats": 1, "warmup": False})
+    if memory is None:  # killed by the system (e.g. the host's OOM killer): not a CUDA OOM
+        return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
+                "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False,
+                "killed": True}
+    if memory["oom"]:
         return memory
     timing = timed(spec)
     if timing["oom"]:
         return timing
     return {**{k: v for k, v in timing.items() if k not in PEAK_FIELDS},
             **{k: memory[k] for k in PEAK_FIELDS if k in memory}}
-
-
-def _worker_row(model_cfg: dict, device: str, spec: dict) -> dict:
-    from .measure import run_worker
-    proc = run_worker({"model": model_cfg, "device": device, "spec": spec})
-    if proc.returncode in (-9, 137):  # killed by the system (e.g. the host's OOM killer): not a CUDA OOM
-        return {**{k: spec[k] for k in ("method", "budget", "input_tokens", "batch")}, "prefill_s": None,
-                "decode_s_per_token": None, "peak_memory_bytes": None, "kv_cache_bytes": None, "oom": False,
-                "killed": True}
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens:\n"
-                           f"{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def print_plan(cfg) -> list[dict]:
@@ -193,9 +183,15 @@ def run(cfg: DictConfig):
             model, _ = load_model(cfg.model, device, with_tokenizer=False)
             runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
         return measure(runner, spec)
-    for spec in tqdm(todo, desc="bench", unit="config", dynamic_ncols=True):
-        row = _run_fresh(model_cfg, device, spec, timed) if fresh else timed(spec)
-        append_record(results, row)
+    from .measure import PeakWorker
+    worker = PeakWorker(model_cfg, device) if fresh else None
+    try:
+        for spec in tqdm(todo, desc="bench", unit="config", dynamic_ncols=True):
+            row = _run_fresh(worker, spec, timed) if fresh else timed(spec)
+            append_record(results, row)
+    finally:
+        if worker is not None:
+            worker.close()
     rows = [r for r in read_records(results) if _key(r) in {_key(s) for s in specs}]
     _add_predictions(cfg, rows)
     write_json_atomic(out / "bench.json", rows)

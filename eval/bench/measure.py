@@ -1,9 +1,10 @@
 """Measure one benchmark configuration: prefill time, decode time per token, peak memory, KV bytes.
 
-On CPU each configuration's peak resident memory comes from a fresh process of its own under a fixed
-allocator setting (``run_worker``: ``python -m eval.bench.measure``), and its timings from the
-benchmark's process, as users run Python; on CUDA ``max_memory_allocated`` after a reset gives the
-peak in the same process as the timings.
+On CPU the configurations' peak resident memory comes from a worker process under a fixed allocator
+setting (``PeakWorker``: ``python -m eval.bench.measure --serve``, one per benchmark run, measuring
+them one after another; ``run_worker``: a fresh process for one measurement, as the frontier's
+probes), and their timings from the benchmark's process, as users run Python; on CUDA
+``max_memory_allocated`` after a reset gives the peak in the same process as the timings.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from ..runner import Runner, is_oom, kv_cache_bytes, load_model  # noqa: F401 (k
 # without), so timings come from a process without it (the benchmark's own).
 WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 PEAK_FIELDS = ("peak_memory_bytes", "peak_above_model_bytes", "over_cap")
+ROW_MARK = "bench-row: "  # a served row's line on the worker's stdout (libraries may print there too)
 
 
 def run_worker(request: dict, timeout_s: float | None = None) -> subprocess.CompletedProcess:
@@ -39,6 +42,64 @@ def run_worker(request: dict, timeout_s: float | None = None) -> subprocess.Comp
     memory_cap_bytes]}."""
     return subprocess.run([sys.executable, "-m", "eval.bench.measure"], input=json.dumps(request),
                           capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **WORKER_ENV})
+
+
+class PeakWorker:
+    """One process under ``WORKER_ENV`` that loads the model once and measures configurations one
+    after another (``python -m eval.bench.measure --serve``). Under the fixed threshold every large
+    tensor is unmapped when freed, so resident memory returns to the model and the runtime after each
+    configuration, and each peak is counted above the memory resident just before it (``measure``):
+    the peak a fresh process per configuration would show, without a process start and a model load
+    per configuration."""
+
+    def __init__(self, model_cfg: dict, device: str):
+        self.request = {"model": model_cfg, "device": device}
+        self.proc: subprocess.Popen | None = None
+        self.log = None
+
+    def measure(self, spec: dict) -> dict | None:
+        """The worker's row for ``spec``; None when the system killed the worker while measuring it
+        (e.g. the host's OOM killer); a later call starts a new one."""
+        line = json.dumps({**self.request, "spec": spec}) + "\n"
+        for attempt in range(2):
+            self._start()
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+                break
+            except BrokenPipeError:  # it ended after its last row: once more in a new one
+                self._ended()
+                if attempt:
+                    raise
+        for out in self.proc.stdout:
+            if out.startswith(ROW_MARK):
+                return json.loads(out[len(ROW_MARK):])
+        code = self._ended()
+        if code in (-9, 137):
+            return None
+        raise RuntimeError(f"bench worker failed for {spec['method']} at {spec['input_tokens']} tokens "
+                           f"(exit {code}):\n{self._log_tail()}")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self._ended()
+
+    def _start(self) -> None:
+        if self.proc is None:
+            self.log = tempfile.TemporaryFile(mode="w+")
+            self.proc = subprocess.Popen([sys.executable, "-m", "eval.bench.measure", "--serve"], text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                         env={**os.environ, **WORKER_ENV})
+
+    def _ended(self) -> int:
+        code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-2000:]
 
 
 def _reset_cpu_peak() -> None:
@@ -121,7 +182,21 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
     return row
 
 
+def serve() -> int:
+    """``--serve``: one request per line on stdin (one model for all), one ``ROW_MARK`` line each."""
+    runner = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        if runner is None:
+            model, _ = load_model(request["model"], request.get("device"), with_tokenizer=False)
+            runner = Runner(model, None, mlp_chunk=request["model"].get("mlp_chunk"))
+        print(ROW_MARK + json.dumps(measure(runner, request["spec"])), flush=True)
+    return 0
+
+
 def main() -> int:
+    if "--serve" in sys.argv[1:]:
+        return serve()
     request = json.loads(sys.stdin.read())
     cap = request.get("memory_cap_bytes")
     if cap and str(request.get("device", "")).startswith("cuda"):
