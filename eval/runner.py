@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,8 +86,37 @@ def attn_implementation(cfg) -> str:
     return attn
 
 
+# Models kept loaded between jobs while ``models_kept_loaded()`` is active (make demo runs its parts in
+# one process): key -> (model, tokenizer). Outside it every job loads its model and frees it.
+_KEPT: dict | None = None
+
+
+@contextmanager
+def models_kept_loaded():
+    """Inside, ``load_model`` loads each (model config, device) once and hands the same model to every
+    later job (the compression hooks leave a model as they found it)."""
+    global _KEPT
+    previous, _KEPT = _KEPT, {}
+    try:
+        yield
+    finally:
+        _KEPT = previous
+
+
 def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
+    if _KEPT is None:
+        return _load_model(cfg, device, with_tokenizer)
+    from omegaconf import OmegaConf
+    plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    key = json.dumps([plain, device], sort_keys=True, default=str)
+    model, tokenizer = _KEPT.get(key, (None, None))
+    if model is None or (with_tokenizer and tokenizer is None):
+        model, tokenizer = _KEPT[key] = _load_model(cfg, device, True)
+    return model, tokenizer if with_tokenizer else None
+
+
+def _load_model(cfg, device: str | None, with_tokenizer: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
     dtype_name = cfg.get("dtype", "float32")
     check_choice("model.dtype", dtype_name, DTYPES)

@@ -117,3 +117,28 @@ def test_the_model_of_a_job_is_freed_when_it_ends(tmp_path, monkeypatch):
     run_guarded(run, compose("needle", ["model=tiny-llama", "compressor=full", "needle.lengths=[300]",
                                         "needle.depths=[0]", "needle.max_new_tokens=1", f"output_dir={tmp_path}"]))
     assert len(models) == 1 and models[0]() is None
+
+
+def test_models_kept_loaded_serve_every_job_of_a_process_one_model(tmp_path, monkeypatch):
+    """make demo runs its parts in one process: inside ``models_kept_loaded`` a second job gets the
+    model the first one loaded (one load, the same records); outside, each job loads and frees its own."""
+    import eval.runner
+    from eval.hydra_app import run_guarded
+    from eval.needle.__main__ import run
+    loads = []
+    real = eval.runner._load_model
+    monkeypatch.setattr(eval.runner, "_load_model", lambda *a, **k: loads.append(1) or real(*a, **k))
+
+    def job(folder):
+        run_guarded(run, compose("needle", ["model=tiny-llama", "compressor=full", "needle.lengths=[300]",
+                                            "needle.depths=[0]", "needle.max_new_tokens=2",
+                                            f"output_dir={tmp_path / folder}"]))
+        record = json.loads((tmp_path / folder / "needle.jsonl").read_text())
+        return {k: v for k, v in record.items() if not k.endswith("_s")}  # timings aside
+    with eval.runner.models_kept_loaded():
+        first, second = job("a"), job("b")
+        model, _ = eval.runner.load_model(compose("needle", ["model=tiny-llama"]).model, "cpu")
+        assert model is eval.runner.load_model(compose("needle", ["model=tiny-llama"]).model, "cpu")[0]
+    assert len(loads) == 1 and first == second
+    job("c")
+    assert len(loads) == 2

@@ -48,7 +48,8 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     size would be new, page-faulted memory at every chunk): one in float32, where the softmax is taken
     in place, and a float32 one for the probabilities beside the scores in a lower precision. The
     chunks' sums are added in float32 and rounded to the model dtype once, as the official one-shot
-    sum is (they can differ from it in the order of the float32 additions only)."""
+    sum is (they can differ from it in the order of the float32 additions only). The queries are the
+    module's own projection of every position (``reads_every_query``: kept from its q_proj call)."""
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
