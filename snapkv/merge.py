@@ -17,6 +17,9 @@ every row's padding too.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -150,3 +153,33 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     set_state(merged, state)
     report_consumed(merged, state)
     return merged
+
+
+def _weight_major(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    out = (linear.weight @ rows.T).T.contiguous()
+    if linear.bias is not None:
+        out += linear.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@contextmanager
+def weight_major_linears(model):
+    """On a CPU, every ``nn.Linear`` of ``model`` computes ``(W @ x.T).T`` instead of ``x @ W.T`` while
+    the context lasts: the same product, another BLAS call. For the few rows of a merged batch's
+    decoding step the default call is slower than one row's, while weight-major is faster (SmolLM2's
+    shapes, 2-core CPU, 5 rows: its vocabulary projection 12.6 -> 5.5 ms, gate/up 0.30 -> 0.13 ms;
+    a decoding step of Table 1's five caches 141 -> 127 ms). The sums are accumulated in another
+    order, so a token can differ where two candidates are nearly tied: for merged decoding only,
+    which may differ anyway. Off a CPU nothing changes."""
+    if next(model.parameters()).device.type != "cpu":
+        yield
+        return
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+    for linear in linears:
+        linear.forward = partial(_weight_major, linear)
+    try:
+        yield
+    finally:
+        for linear in linears:
+            del linear.forward  # the class method is back

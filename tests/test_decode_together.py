@@ -199,3 +199,37 @@ def test_a_merged_layer_writes_into_its_room_and_grows():
         got_k, got_v = layer.update(k, v)
         assert torch.equal(got_k, keys) and torch.equal(got_v, values) and layer.get_seq_length() == 6 + step
         assert (layer._keys is room) == (step < 2)  # written in place while the room lasts, then doubled
+
+
+def test_weight_major_linears_compute_each_projection_and_then_step_aside():
+    model = tiny_model("llama-gqa")
+    model.lm_head.bias = torch.nn.Parameter(torch.randn(model.lm_head.out_features))  # a bias is added too
+    ids = torch.randint(0, 128, (5, 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with snapkv.merge.weight_major_linears(model):
+            assert all("forward" in vars(m) for m in model.modules() if type(m) is torch.nn.Linear)
+            weight_major = model(ids).logits
+        assert not any("forward" in vars(m) for m in model.modules())
+        assert torch.equal(model(ids).logits, plain)
+    torch.testing.assert_close(weight_major, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_merged_decoding_runs_weight_major_and_drops_it_after(monkeypatch):
+    model = tiny_model("llama-gqa", attn="sdpa")
+    runner = Runner(model)
+    calls = []
+    original = snapkv.merge._weight_major
+
+    def counted(linear, x):
+        calls.append(x.shape[0])
+        return original(linear, x)
+    monkeypatch.setattr(snapkv.merge, "_weight_major", counted)
+    ids = torch.randint(0, 128, (1, 120), generator=torch.Generator().manual_seed(8))
+    together = runner.generate_shared(ids, SETTINGS[:3], 6, together=True)
+    assert calls and set(calls) == {3}  # three settings' rows per projection
+    assert not any("forward" in vars(m) for m in model.modules())
+    calls.clear()
+    exact = runner.generate_shared(ids, SETTINGS[:3], 6)
+    assert not calls
+    assert [g.tokens for g in together] == [g.tokens for g in exact]
