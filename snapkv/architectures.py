@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 from .method import InputError
@@ -16,6 +17,20 @@ def decoder_layers(model) -> list:
         raise InputError(f"model_type={model.config.model_type!r} is not supported: no decoder layers found; "
                          f"supported: {', '.join(TESTED)}")
     return list(layers)
+
+
+@contextmanager
+def replaced_forwards(modules, replacement):
+    """Each module's ``forward`` is ``replacement(module, its forward)`` while the context lasts, as an
+    instance attribute; afterwards the class's ``forward`` is back."""
+    modules = list(modules)
+    for module in modules:
+        module.forward = replacement(module, module.forward)
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module.forward
 
 
 def check_supported(model) -> None:

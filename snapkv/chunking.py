@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .architectures import decoder_layers
+from .architectures import decoder_layers, replaced_forwards
 from .method import InputError
 
 
@@ -35,16 +35,6 @@ def _chunked(forward, chunk: int):
 def chunked_mlp(model, chunk: int):
     if chunk < 1:
         raise InputError(f"mlp_chunk={chunk} must be a positive number of tokens")
-    patched = []
-    for layer in decoder_layers(model):
-        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
-        if mlp is None:
-            continue
-        original = mlp.forward
-        mlp.forward = _chunked(original, chunk)
-        patched.append((mlp, original))
-    try:
+    mlps = [getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None) for layer in decoder_layers(model)]
+    with replaced_forwards([mlp for mlp in mlps if mlp is not None], lambda mlp, forward: _chunked(forward, chunk)):
         yield
-    finally:
-        for mlp, _ in patched:
-            del mlp.forward  # drop the instance attribute: the class method is back
