@@ -253,16 +253,9 @@ def section_environment(mode: Mode, clock: Clock) -> dict:
 
 
 def _capture_full_prefill(model, cfg, ids):
-    """Run a compressed prefill, recording per layer the full keys, the window queries, and the
-    positions the hooks kept (``top_positions``' result)."""
-    import snapkv.hooks as patch
-    kept, captured, handles = [], {}, []
-    original = patch.top_positions
-
-    def recording(*args, **kwargs):
-        result = original(*args, **kwargs)
-        kept.append(result)
-        return result
+    """Run a compressed prefill, recording per layer the full keys and the window queries, and the
+    earlier positions the hooks kept (``snapkv.kept_positions`` less the window)."""
+    captured, handles = {}, []
 
     def before(module, args, kwargs):
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -276,14 +269,16 @@ def _capture_full_prefill(model, cfg, ids):
         handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
         handles.append(layer.self_attn.register_forward_hook(after, with_kwargs=True))
     from transformers import DynamicCache
-    patch.top_positions = recording
+    cache = DynamicCache(config=model.config)
     try:
         with snapkv.compress(model, cfg), torch.no_grad():
-            model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+            model(ids, cache=cache, use_cache=True, logits_to_keep=1)
     finally:
-        patch.top_positions = original
         for h in handles:
             h.remove()
+    device = ids.device
+    kept = [torch.stack([torch.stack(heads) for heads in rows]).to(device)[..., :-cfg.window]
+            for rows in snapkv.kept_positions(cache)]
     return kept, captured
 
 

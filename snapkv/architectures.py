@@ -79,3 +79,13 @@ def queries_at(attn, hidden_states: torch.Tensor, position_embeddings, rows: sli
     cos, sin = cos[:, rows], sin[:, rows]
     q, _ = rope_function(attn)(q, q[:, :1], cos, sin)
     return q
+
+
+def prerope_queries(attn, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Query states ``[b, H, n, d]`` of ``hidden_states`` before RoPE (after Qwen3's per-head norm):
+    ``q_proj`` of exactly these rows, as kvpress's ``get_prerope_query_states`` computes them."""
+    b, n, _ = hidden_states.shape
+    q = attn.q_proj(hidden_states).view(b, n, -1, attn.head_dim)
+    if hasattr(attn, "q_norm"):
+        q = attn.q_norm(q)
+    return q.transpose(1, 2)

@@ -17,6 +17,8 @@ later turn          True           True        ``begin_pass`` of several tokens 
                                                ``compress_later_turns``: that turn's prompt is cut too
 merged              False          True        ``snapkv.merge_caches``: ``layer_masks`` mark each row's
                                                real slots per layer
+head-adaptive       any            True        a head-adaptive method cut a layer: ``head_masks`` mark each
+                                               head's real slots of that layer (``record_slots``)
 ==================  =============  ==========  ==========================================================
 """
 from __future__ import annotations
@@ -45,10 +47,16 @@ class CacheState:
     siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
     layer_masks: list | None = None     # caches merged into one batch: per layer, [rows, length] real slots
     layer_segments: list | None = None  # ... and per layer, (first row, end row, first real slot) of each member
+    head_masks: dict = field(default_factory=dict)  # head-adaptive layers: layer -> [rows, heads, slots] real slots
+    prompt_slots: dict = field(default_factory=dict)  # cut layers: layer -> (positions, valid), see record_slots
+    prompt_length: int = 0              # the (padded) prompt length of the latest compressing pass
+    row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
-        return cls(pad_mask=pad_mask, next_positions=next_positions.clone(), consumed=q_len, cfg=cfg)
+        pads = None if pad_mask is None else (~pad_mask).sum(dim=1).cpu()
+        return cls(pad_mask=pad_mask, next_positions=next_positions.clone(), consumed=q_len, cfg=cfg,
+                   prompt_length=q_len, row_pads=pads)
 
     def advance(self, q_len: int) -> None:
         """A pass of ``q_len`` tokens on a cache nothing was cut from: a plain cache."""
@@ -88,6 +96,26 @@ class CacheState:
         if self.pass_kept is not None and not torch.equal(self.pass_kept, mask):
             raise InputError(f"{self.cfg.method}: layers kept different padding; run batch size 1")
         self.pass_kept = self.kept_mask = mask
+
+    def slot_positions(self, layer_idx: int, rows: int, heads: int, slots: int) -> torch.Tensor:
+        """``[rows, heads, slots]``: the position (in the padded sequence) each slot of a layer holds now,
+        before this pass cuts it: the slots kept by the last cut, then the tokens appended since."""
+        before = self.prompt_slots.get(layer_idx)
+        if before is None:
+            return torch.arange(slots, dtype=torch.int32).expand(rows, heads, slots)
+        held = before[0]
+        appended = torch.arange(self.consumed - (slots - held.shape[-1]), self.consumed, dtype=torch.int32)
+        return torch.cat([held.expand(rows, heads, -1), appended.expand(rows, heads, -1)], dim=-1)
+
+    def record_slots(self, layer_idx: int, kept: torch.Tensor, valid: torch.Tensor | None, slots: int) -> None:
+        """Remember which positions a cut layer keeps (``snapkv.kept_positions``), on the CPU as int32 so
+        that nothing of it stays on the device: ``kept`` indexes the layer's ``slots`` slots."""
+        rows, heads = kept.shape[:2]
+        positions = self.slot_positions(layer_idx, rows, heads, slots).gather(-1, kept.cpu().to(torch.int64))
+        self.prompt_slots[layer_idx] = (positions, None if valid is None else valid.cpu())
+        self.prompt_length = self.consumed
+        if valid is not None:
+            self.head_masks[layer_idx] = valid
 
     def mark_compressed(self, cache) -> None:
         if not self.compressed:

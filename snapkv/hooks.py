@@ -31,7 +31,6 @@ from .architectures import check_supported, decoder_layers, window_queries
 from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
 from .method import Method
-from .select import top_positions
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
                                        filled_layer, kv_groups_for, takes_ragged_attention,
                                        use_ragged_attention)
@@ -51,6 +50,7 @@ class LayerContext:
     num_layers: int
     projected_queries: torch.Tensor | None = None  # the module's own q_proj output, kept for a method
     memo: dict = field(default_factory=dict)       # reading every query (``Method.reads_every_query``)
+    rotary: torch.nn.Module | None = None          # the model's rotary embedding (RoPE at any position)
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -96,6 +96,7 @@ class CompressionSession:
         self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
         self.compress_later_turns = compress_later_turns
         self.layers = decoder_layers(model)
+        self._rotary = getattr(getattr(model, "base_model", model), "rotary_emb", None)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self.caches: list = []                # of the latest prefill, one per setting
         self._handles: list = []
@@ -223,6 +224,9 @@ class CompressionSession:
         if state is None or not state.compressed or state.in_prefill:
             return None
         if module.config._attn_implementation == "flash_attention_2":
+            if state.head_masks:
+                raise InputError(f"{state.cfg.method}: a head-adaptive cache needs a per-head mask, which "
+                                 "flash_attention_2 does not take; use attn_implementation=sdpa or eager")
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
         ragged = state.layer_segments is not None and state.query_len == 1 and takes_ragged_attention(module.config)
         if ragged:  # merged caches: each member over its own slots, undone in _after_attention
@@ -232,17 +236,19 @@ class CompressionSession:
             return args, kwargs
         # The model sized its mask for one layer; layers hold different lengths (PyramidKV, later
         # turns), so each layer gets its own: none for one new token without kept padding.
-        if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None:
+        if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None \
+                and module.layer_idx not in state.head_masks:
             kwargs["attention_mask"] = None
         else:
             kwargs["attention_mask"] = self._continuation_mask(state, cache.layers[module.layer_idx], kwargs,
-                                                               module.layer_idx)
+                                                               module.layer_idx, module.num_key_value_groups)
         return args, kwargs
 
     @staticmethod
-    def _continuation_mask(state: CacheState, layer, kwargs, layer_idx: int) -> torch.Tensor:
+    def _continuation_mask(state: CacheState, layer, kwargs, layer_idx: int, groups: int) -> torch.Tensor:
         """``[b, 1, q, L + q]`` additive mask for ``q`` new tokens after a layer holding ``L``: every
-        kept token visible (but kept padding, and the padding of merged caches), causal among the new ones."""
+        kept token visible (but kept padding, and the padding of merged caches), causal among the new ones.
+        A head-adaptive layer gets ``[b, H, q, L + q]``: each query head sees its KV head's own slots."""
         hidden = kwargs["hidden_states"]
         q, length = state.query_len, layer.keys.shape[-2]
         visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
@@ -252,6 +258,13 @@ class CompressionSession:
         if state.layer_masks is not None:
             merged = state.layer_masks[layer_idx]  # the slots tokens decoded since the merge follow are real
             visible[:, :, :merged.shape[1]] &= merged[:, None, :]
+        own = state.head_masks.get(layer_idx)
+        if own is not None:  # the slots kept per KV head, and every token appended since
+            own = own.repeat_interleave(groups, dim=1)
+            visible = visible[:, None].repeat(1, own.shape[1], 1, 1)
+            visible[..., :own.shape[-1]] &= own[:, :, None, :]
+            blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
+            return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
 
@@ -273,7 +286,7 @@ class CompressionSession:
         layer = cache.layers[idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
-                           idx, len(self.layers), projected)
+                           idx, len(self.layers), projected, rotary=self._rotary)
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
             self._compress_layer(ctx, target, target_state)
@@ -291,16 +304,15 @@ class CompressionSession:
             state.record_layer(idx, length)
             return
         window = cfg.recent_window(idx, ctx.num_layers, length)
-        pad_mask = state.pad_mask
         if ctx.hidden_states.shape[1] < window:
             raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
                              f"window={window}; it cannot be compressed "
                              "(compress_later_turns=False appends it as it is)")
+        if cfg.head_adaptive and idx in state.head_masks:
+            raise InputError(f"{cfg.method}: a head-adaptive cache cannot compress a later turn "
+                             "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
-            scores = cfg.score(ctx)
-            kept = top_positions(scores, budget - window, pad_mask)
-            recent = torch.arange(length - window, length, device=keys.device)
-            kept = torch.cat([kept, recent.expand(*kept.shape[:2], window)], dim=-1)
+            kept, valid = cfg.select(ctx, budget, window)
             groups = self._groups[ctx.attn]
             if kept.shape[1] != keys.shape[1]:  # gqa="repeat": one selection per query head
                 keys = keys.repeat_interleave(groups, dim=1)
@@ -314,7 +326,9 @@ class CompressionSession:
             current.keys, current.values = new_keys, new_values
         else:
             cache.layers[idx] = filled_layer(new_keys, new_values)
-        state.record_kept(kept)
+        if valid is None:
+            state.record_kept(kept)
+        state.record_slots(idx, kept, valid, length)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
 

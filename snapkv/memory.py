@@ -126,7 +126,7 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     s, n = Shape.of(config, device), DTYPE_BYTES[dtype]
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
-    kept = [min(length, compressor.layer_budget(i, s.layers, length)) if compresses else length
+    kept = [compressor.stored_tokens(i, s.layers, length, heads) if compresses else length
             for i in range(s.layers)]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)
     after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n)

@@ -68,7 +68,11 @@ class GrowingLayer(DynamicLayer):
 
 def layout(cache) -> tuple:
     """Per layer, the heads it holds: caches merge only with caches of the same layout (a
-    ``gqa="repeat"`` layer holds one KV head per query head)."""
+    ``gqa="repeat"`` layer holds one KV head per query head). A head-adaptive cache is a layout of its
+    own: it decodes alone."""
+    state = state_of(cache)
+    if state is not None and state.head_masks:
+        return ("head-adaptive", id(cache))
     return tuple((type(layer).__name__, layer.keys.shape[1]) for layer in cache.layers)
 
 
@@ -118,6 +122,9 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     states = [state_of(cache) for cache in caches]
     if not caches or any(state is None for state in states):
         raise InputError("caches: merge caches left by a prefill inside snapkv.compress")
+    if any(state.head_masks for state in states):
+        raise InputError("caches: a head-adaptive cache (adakv, critical_adakv) holds a different number of "
+                         "positions per head and decodes alone; merge uniform caches only")
     if len({state.consumed for state in states}) > 1:
         raise InputError("caches: the caches come from prompts of different lengths; merge one prefill's caches")
     if len({layout(cache) for cache in caches}) > 1:

@@ -39,6 +39,8 @@ class Method:
     # whether ``score`` reads the queries of every prompt position (``ctx.queries(length)``): the
     # session then keeps each layer's q_proj output from the module's own call instead of projecting again
     reads_every_query: ClassVar[bool] = False
+    # whether heads of one layer keep different numbers of positions (``select`` returns ``valid``)
+    head_adaptive: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,6 +82,24 @@ class Method:
     def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
         """The most recent prompt tokens every head keeps unconditionally."""
         return self.window
+
+    def stored_tokens(self, layer_idx: int, num_layers: int, length: int, heads: int) -> int:
+        """Slots per head a layer stores (for the memory planner): its budget, or for a head-adaptive
+        method the most any head may keep, since a layer is stored padded to its longest head."""
+        return min(length, self.layer_budget(layer_idx, num_layers, length))
+
+    def select(self, ctx, budget: int, window: int):
+        """The prompt positions each head keeps, ``(kept, valid)``: ``kept`` ``[batch, heads, n]``
+        ascending, ``valid`` None where every head keeps ``n`` (uniform), else ``[batch, heads, n]``
+        marking each head's real slots (head-adaptive; its other slots repeat a kept position and are
+        never attended to). Uniform: the top ``budget - window`` earlier positions by ``score``
+        (ranked per row on its real tokens) and the last ``window``."""
+        import torch
+        from .select import top_positions
+        length = ctx.keys.shape[-2]
+        kept = top_positions(self.score(ctx), budget - window, ctx.pad_mask)
+        recent = torch.arange(length - window, length, device=kept.device)
+        return torch.cat([kept, recent.expand(*kept.shape[:2], window)], dim=-1), None
 
     def score(self, ctx) -> "torch.Tensor":  # noqa: F821
         """Importance of the earlier positions ``[0, L - window)``: ``[batch, heads, L - window]``.

@@ -12,7 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from .method import InputError
+from .errors import InputError
 
 # Bytes of window x L float32 attention one chunk of heads may hold at once.
 _CHUNK_BYTES = 256 * 2**20
@@ -33,8 +33,10 @@ def scale_scores(scores: torch.Tensor, head_dim: int, scaling: float | None, inp
 
 
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
-                     pad_mask: torch.Tensor | None = None, scaling: float | None = None) -> torch.Tensor:
-    """Attention of the last ``window`` queries summed over those queries.
+                     pad_mask: torch.Tensor | None = None, scaling: float | None = None,
+                     reduce: str = "sum") -> torch.Tensor:
+    """Attention of the last ``window`` queries summed over those queries (``reduce="mean"``: their
+    mean, as kvpress's ``SnapKVPress`` takes it; ``"both"``: the pair ``(sum, mean)`` of one pass).
 
     queries ``[b, H, Lq, d]``, keys ``[b, Hkv, L, d]``; returns ``[b, H, L - window]`` in the input
     dtype (query head ``h`` reads KV head ``h // (H / Hkv)``, as ``repeat_kv`` does).
@@ -49,7 +51,7 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
     dtype_min = torch.finfo(queries.dtype).min
     causal = torch.full((window, window), dtype_min, dtype=queries.dtype, device=queries.device)
     causal = torch.triu(causal, diagonal=1)
-    out = []
+    sums, means = [], []
     step = _kv_head_chunk(b, group, window, length)
     for start in range(0, n_kv, step):
         k = keys[:, start:start + step].unsqueeze(2)
@@ -58,8 +60,12 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
         if pad_mask is not None:
             scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
-        out.append(probs[..., :-window].sum(dim=-2))
-    return torch.cat(out, dim=1).reshape(b, n_heads, length - window)
+        if reduce != "mean":
+            sums.append(probs[..., :-window].sum(dim=-2))
+        if reduce != "sum":
+            means.append(probs[..., :-window].mean(dim=-2))
+    out = [torch.cat(part, dim=1).reshape(b, n_heads, length - window) for part in (sums, means) if part]
+    return tuple(out) if reduce == "both" else out[0]
 
 
 def pool(scores: torch.Tensor, pooling: str, kernel: int) -> torch.Tensor:

@@ -30,11 +30,17 @@ def test_cache_length_per_layer_after_prefill(arch, method):
         expected = [min(150, cfg.layer_budget(i, n, 150)) for i in range(n)]
         assert session.cache_lengths == expected
         heads = model.config.num_attention_heads if cfg.gqa == "repeat" else model.config.num_key_value_heads
-        for layer, length in zip(out.cache.layers, expected):
-            assert layer.keys.shape[1:3] == (heads, length)
+        kept = snapkv.kept_positions(out.cache)
+        stored = [l.keys.shape[2] for l in out.cache.layers]
+        for layer, length, positions in zip(out.cache.layers, expected, kept):
+            counts = [len(p) for p in positions[0]]
+            assert layer.keys.shape[1] == heads == len(counts)
+            assert sum(counts) == heads * length  # head-adaptive: the same total, per head its own count
+            assert layer.keys.shape[2] == (max(counts) if cfg.head_adaptive else length)
+            assert all(len(set(p.tolist())) == len(p) and p.max() < 150 for p in positions[0])
         step = model(ids[:, -1:], cache=out.cache, use_cache=True)
         assert torch.isfinite(step.logits).all()
-        assert [l.keys.shape[2] for l in out.cache.layers] == [e + 1 for e in expected]
+        assert [l.keys.shape[2] for l in out.cache.layers] == [s + 1 for s in stored]
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

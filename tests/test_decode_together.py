@@ -8,14 +8,15 @@ from method_settings import with_every_method
 from eval.runner import Runner, cheapest_cuts
 from tiny_models import tiny_model
 
-SETTINGS = with_every_method([
+SETTINGS = [cfg for cfg in with_every_method([
     snapkv.FullKV(),
     snapkv.SnapKV(budget=48, window=8, kernel=5),
     snapkv.SnapKV(budget=64, window=8, kernel=3, pooling="avgpool"),
     snapkv.PyramidKV(budget=48, window=8, kernel=5),
     snapkv.H2O(budget=40, window=8),
     snapkv.StreamingLLM(budget=56, sink_tokens=4),
-], distinct_from=72)  # lengths of their own: every setting's cache differs
+], distinct_from=72) if not cfg.head_adaptive]  # lengths of their own: every setting's cache differs
+HEAD_ADAPTIVE = [snapkv.AdaKV(budget=48, window=8), snapkv.CriticalAdaKV(budget=56, window=8)]
 FORCED = [5, 17, 99, 3, 42, 7]
 
 
@@ -233,3 +234,18 @@ def test_merged_decoding_runs_weight_major_and_drops_it_after(monkeypatch):
     exact = runner.generate_shared(ids, SETTINGS[:3], 6)
     assert not calls
     assert [g.tokens for g in together] == [g.tokens for g in exact]
+
+
+def test_head_adaptive_caches_are_refused_by_merge_and_decode_alone_in_a_together_run():
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(4))
+    settings = [snapkv.SnapKV(budget=48, window=8), *HEAD_ADAPTIVE, snapkv.SnapKV(budget=64, window=8)]
+    with snapkv.compress(model, settings) as session, torch.no_grad():
+        model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        with pytest.raises(snapkv.InputError, match="head-adaptive cache .* decodes alone"):
+            snapkv.merge_caches(session.caches[:2])
+        assert Runner(model).decode_batches(session.caches) == [[0, 3], [1], [2]]
+    runner = Runner(model)
+    solo = [runner.generate(ids, cfg, 8).tokens for cfg in settings]
+    together = runner.generate_shared(ids, settings, 8, together=True)
+    assert [g.tokens for g in together] == solo

@@ -6,3 +6,9 @@ from .pyramidkv import PyramidKV
 from .h2o import H2O
 from .streamingllm import StreamingLLM
 from .random import RandomKeep
+from .knorm import Knorm
+from .tova import TOVA
+from .keydiff import KeyDiff
+from .expected_attention import ExpectedAttention
+from .adakv import AdaKV
+from .critical_adakv import CriticalAdaKV

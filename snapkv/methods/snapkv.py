@@ -8,6 +8,14 @@ from ..memory import window_scores_bytes
 from ..select import aggregate_heads, pool, window_attention
 
 
+def window_votes(ctx, window: int):
+    """The observation window's attention over the earlier positions, ``(sum, mean)`` over its queries
+    (``[b, H, L - window]`` each; the official SnapKV sums, kvpress averages), computed once per layer
+    and prefill for every setting with this window (budgets, kernels, poolings, TOVA, AdaKV's scorer)."""
+    return ctx.shared(("window_attention", window), lambda: window_attention(
+        ctx.queries(window), ctx.keys, window, ctx.pad_mask, ctx.scaling, reduce="both"))
+
+
 @register
 @dataclass
 class SnapKV(Method):
@@ -31,9 +39,7 @@ class SnapKV(Method):
         check_choice("pooling", self.pooling, POOLINGS)
 
     def score(self, ctx):
-        # the window's attention is shared by every budget, kernel and pooling of one prefill
-        votes = ctx.shared(("window_attention", self.window), lambda: window_attention(
-            ctx.queries(self.window), ctx.keys, self.window, ctx.pad_mask, ctx.scaling))
+        votes, _ = window_votes(ctx, self.window)
         return aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:

@@ -1,0 +1,51 @@
+"""CriticalAdaKV (Feng et al., arXiv 2502.03805, "Identify Critical KV Cache in LLM Inference from an
+Output Perturbation Perspective"): AdaKV whose scores are weighted by how much each value moves the
+layer's output, ``||v W_O||_1``.
+
+As kvpress 0.5.5 ``CriticalAdaKVPress(SnapKVPress())`` runs it (``snapkv.head_budgets``), with its
+defaults ``epsilon=1e-4`` and ``first_stage_ratio=0.5``: AdaKV's safeguard; each head's budget from one
+top-k across heads; a first stage keeping each head's top ``first_stage_ratio`` of its budget by the
+scorer; a second by ``(score + epsilon) * ||v W_O||_1``; the bottom-k across heads evicted. Stored as
+AdaKV stores it (each head's kept positions, the layer padded to its longest head). kvpress sums the
+heads' budgets over the batch; here each batch row has its own (equal at batch 1, its protocol).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..head_budgets import critical_adakv_keep, per_row_keep
+from ..method import register
+from .adakv import AdaKV
+
+
+@register
+@dataclass
+class CriticalAdaKV(AdaKV):
+    method = "critical_adakv"
+    display_name = "CriticalAdaKV"
+    tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "e{epsilon}",
+                 "fs{first_stage_ratio}")
+    epsilon: float = 1e-4
+    first_stage_ratio: float = 0.5
+
+    def validate(self) -> None:
+        super().validate()
+        for name, high in (("epsilon", None), ("first_stage_ratio", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (high and value > high):
+                raise InputError(f"{name}={value!r} must be a number >= 0" + (f" and <= {high}" if high else ""))
+            setattr(self, name, float(value))
+
+    def keep(self, ctx, scores, n_kept: int):
+        def row(row_scores, row, first):
+            n = row_scores.shape[-1]
+            values = ctx.values[row:row + 1, :, first:]
+            return critical_adakv_keep(row_scores, min(n_kept, n), self.alpha_safeguard, values, ctx.attn,
+                                       self.epsilon, self.first_stage_ratio)
+        return per_row_keep(scores, ctx.pad_mask, row)
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        """AdaKV's, and one query head's values times ``W_O`` (``[L, hidden]``) with its norms."""
+        return super().compression_bytes(shape, length, batch, nbytes) + \
+            batch * length * (shape.hidden + shape.heads) * max(nbytes, 4) + batch * shape.heads * length * 4

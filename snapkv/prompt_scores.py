@@ -1,0 +1,52 @@
+"""What the methods that score every prompt position share (kvpress's ``ScorerPress`` family: Knorm,
+KeyDiff, Expected Attention; AdaKV's scorers): no recent window of their own, a left-padded batch
+scored row by row on each row's real tokens, and positions a method always keeps given a score above
+every other (kvpress pads them with ``max + 1``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from .method import GQA_MODES, Method, check_choice
+
+
+@dataclass
+class WholePromptMethod(Method):
+    """A method whose ``score`` ranks all ``L`` prompt positions (``window`` is 0): a prompt of ``n``
+    tokens keeps ``budget``, or ``max(1, int(n * (1 - ratio)))`` (kvpress's ``compute_n_kept``). Scores
+    are per KV head, so ``gqa`` changes nothing."""
+
+    budget: int | None = 1024
+    window: int = 0  # derived
+    derived: ClassVar[tuple] = ("window",)
+    untagged: ClassVar[tuple] = ("gqa",)
+    tag_parts: ClassVar[tuple] = ()
+
+    def validate(self) -> None:
+        self.window = 0
+        self.check_budget_or_ratio()
+        check_choice("gqa", self.gqa, GQA_MODES)
+
+
+def by_real_rows(pad_mask: torch.Tensor | None, score_rows) -> torch.Tensor:
+    """``score_rows(rows, first)`` -> ``[rows, heads, L - first]``: scores of the batch rows ``rows``
+    (a slice) from position ``first`` on. Without padding, the whole batch at once; with left padding,
+    each row on its own real tokens (what it scores unbatched), its padded positions at ``-inf``."""
+    if pad_mask is None:
+        return score_rows(slice(None), 0)
+    parts = []
+    for row, pad in enumerate((~pad_mask).sum(dim=1).tolist()):
+        part = score_rows(slice(row, row + 1), pad)
+        parts.append(F.pad(part, (pad, 0), value=float("-inf")))
+    return torch.cat(parts)
+
+
+def always_kept(scores: torch.Tensor, first: int = 0, last: int = 0) -> torch.Tensor:
+    """``scores`` with ``first`` positions before and ``last`` after them that outrank every other
+    position (kvpress's ``F.pad(scores, ..., value=scores.max().item() + 1)``)."""
+    if not first and not last:
+        return scores
+    return F.pad(scores, (first, last), value=scores.max().item() + 1)
