@@ -8,8 +8,18 @@ cache stores only those, padded to the layer's longest head (``pack``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from .errors import InputError, check_choice, check_int
+from .memory import window_scores_bytes
+from .method import POOLINGS, Method
+from .prompt_scores import always_kept
+from .select import aggregate_heads, pool
+
+SCORERS = ("snapkv", "tova", "knorm", "keydiff", "expected_attention", "h2o")
 
 
 def safeguarded(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
@@ -35,6 +45,20 @@ def pruned_across_heads(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
 def adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
     """AdaKV: the safeguard, then the bottom-k across heads."""
     return pruned_across_heads(safeguarded(scores, n_kept, alpha), n_kept)
+
+
+def authors_keep(scores: torch.Tensor, n_past: int, alpha: float) -> torch.Tensor:
+    """AdaKV as its authors' code allocates (FFY0/AdaKV ``adaptive_snapkv``), on the earlier positions:
+    each head's count ``c_h`` from one top-k of ``heads * n_past`` over all heads, then each head keeps
+    its own top ``round(c_h * (1 - alpha) + int(alpha * n_past))``."""
+    rows, heads, n = scores.shape
+    top = torch.topk(scores.reshape(rows, -1), heads * n_past, dim=-1).indices
+    counts = torch.bincount((top // n).flatten(), minlength=heads)
+    caps = torch.round(counts * (1 - alpha) + int(alpha * n_past)).to(torch.int64).clamp(max=n).tolist()
+    keep = torch.zeros(rows, heads, n, dtype=torch.bool, device=scores.device)
+    for head, cap in enumerate(caps):
+        keep[:, head].scatter_(-1, torch.topk(scores[:, head], cap, dim=-1).indices, True)
+    return keep
 
 
 def value_output_norms(values: torch.Tensor, attn) -> torch.Tensor:
@@ -90,3 +114,80 @@ def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = torch.sort((~keep).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
     valid = torch.arange(longest, device=keep.device) < counts[..., None]
     return order, valid
+
+
+@dataclass
+class HeadAdaptiveMethod(Method):
+    """What AdaKV and CriticalAdaKV share: kvpress's SnapKV as the default scorer (``scorer=`` any method
+    that scores positions), the per-head average budget, its safeguard, and storage per head."""
+
+    head_adaptive = True
+    budget: int = 1024
+    window: int = 64
+    kernel: int = 5
+    pooling: str = "avgpool"
+    gqa: str = "mean"
+    scorer: str = "snapkv"
+    alpha_safeguard: float = 0.2
+
+    def validate(self) -> None:
+        check_int("window", self.window, 1)
+        self.check_budget_or_ratio()
+        check_choice("gqa", self.gqa, ("mean", "max"))
+        check_choice("scorer", self.scorer, SCORERS)
+        check_int("kernel", self.kernel, 1)
+        if self.kernel % 2 == 0:
+            raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
+        check_choice("pooling", self.pooling, POOLINGS)
+        alpha = self.alpha_safeguard
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise InputError(f"alpha_safeguard={alpha!r} must be a number in [0, 1]: the share of its uniform "
+                             "budget each head keeps at least")
+        self.alpha_safeguard = float(alpha)
+        if self.ratio is None and self.budget <= self.window:
+            raise InputError(f"budget={self.budget} must be larger than window={self.window}")
+
+    def budget_for(self, length: int) -> int:
+        """Tokens per KV head on average: ``budget``, or kvpress's ``compute_n_kept`` (at least 1)."""
+        return self.budget if self.ratio is None else max(1, int(length * (1 - self.ratio)))
+
+    def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
+        # the scorer's window must fit before the prompt's end (kvpress asserts it): else keep all
+        return length if length <= self.window else self.budget_for(length)
+
+    def stored_tokens(self, layer_idx: int, num_layers: int, length: int, heads: int) -> int:
+        """The longest head's most (a layer is stored padded to it): the layer's total less every other
+        head's safeguard. An upper bound; what a prompt stores is ``kv_cache_bytes`` of its cache."""
+        n_kept = self.layer_budget(layer_idx, num_layers, length)
+        safe = max(1, int(n_kept * self.alpha_safeguard)) if self.alpha_safeguard > 0 else 0
+        return min(length, n_kept * heads - (heads - 1) * safe)
+
+    def scorer_config(self) -> Method:
+        from .method import build_config
+        return build_config(self.scorer, window=self.window, kernel=self.kernel, pooling=self.pooling, gqa=self.gqa)
+
+    def prompt_scores(self, ctx) -> torch.Tensor:
+        """``[b, kv_heads, L]``: the scorer's ranking of every prompt position (its window, if any,
+        above every other position)."""
+        if self.scorer == "snapkv":  # kvpress's SnapKVPress: the window's mean attention
+            from .methods.snapkv import window_votes
+            _, votes = window_votes(ctx, self.window)
+            scores = aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
+            return always_kept(scores, last=self.window)
+        scorer = self.scorer_config()
+        length = ctx.keys.shape[-2]
+        return always_kept(scorer.score(ctx), last=scorer.recent_window(ctx.layer_idx, ctx.num_layers, length))
+
+    def keep(self, ctx, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+        """``[b, kv_heads, L]`` bool: what each head keeps of ``scores`` at ``n_kept`` per head on average."""
+        raise NotImplementedError
+
+    def select(self, ctx, budget: int, window: int):
+        return pack(self.keep(ctx, self.prompt_scores(ctx), budget))
+
+    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
+        """The scorer's term (SnapKV's window vote by default), then per KV head and position: the padded
+        scores, a row's copy and its negation, the bottom-k's indices, the kept mask and its ordering."""
+        scorer = window_scores_bytes(shape, self.window, length, batch, nbytes) if self.scorer == "snapkv" \
+            else self.scorer_config().compression_bytes(shape, length, batch, nbytes)
+        return scorer + batch * shape.kv_heads * length * (4 * 3 + 8 * 2 + 1)

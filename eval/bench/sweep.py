@@ -23,6 +23,7 @@ import time
 
 import snapkv
 
+from .. import leaderboard
 from ..runner import _sync
 
 PRESETS = {
@@ -32,6 +33,8 @@ PRESETS = {
     # SnapKV's hyperparameter table: budget 1024; windows 16/32/64 at kernel 7, kernels 1/5/9 at window 32
     "hyperparams": [{"method": "snapkv", "budget": 1024, "window": w, "kernel": k}
                     for w, k in ((32, 7), (16, 7), (64, 7), (32, 5), (32, 9), (32, 1))],
+    # the kvpress leaderboard's shape: full KV and every leaderboard method here at its four ratios
+    "leaderboard": leaderboard.settings(),
 }
 
 
@@ -56,7 +59,7 @@ def scaled(cfgs: list, scale: float) -> list:
         return cfgs
     out = []
     for cfg in cfgs:
-        if not cfg.compresses:
+        if not cfg.compresses or cfg.ratio is not None:  # a ratio already scales with the prompt
             out.append(cfg)
             continue
         values = cfg.describe()

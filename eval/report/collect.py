@@ -102,6 +102,7 @@ def ruler_runs(root: Path) -> list[dict]:
         by_length = json.loads(path.read_text())
         method, budget = setting_of(cfg.get("compressor", {}))
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
+                     "compressor": cfg.get("compressor", {}), "query_aware": cfg.get("query_aware", True),
                      "label": run_label(cfg), "name": run_name(root, run), "by_length": by_length,
                      "scores": {f"{n} tokens": v["average"] for n, v in by_length.items()}})
     return runs

@@ -14,14 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..head_budgets import critical_adakv_keep, per_row_keep
+from ..head_budgets import HeadAdaptiveMethod, critical_adakv_keep, per_row_keep
 from ..method import register
-from .adakv import AdaKV
 
 
 @register
 @dataclass
-class CriticalAdaKV(AdaKV):
+class CriticalAdaKV(HeadAdaptiveMethod):
     method = "critical_adakv"
     display_name = "CriticalAdaKV"
     tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "e{epsilon}",
