@@ -74,7 +74,8 @@ def _masked_step(model, cache, token, position, masks):
     handles = []
     for layer, visible in zip(model.model.layers, masks):
         def before(module, args, kwargs, visible=visible):
-            blocked = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, torch.finfo(torch.float32).min)
+            lowest = torch.finfo(torch.float32).min
+            blocked = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, lowest)
             kwargs["attention_mask"] = blocked[None, :, None, :]
             return args, kwargs
         handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
