@@ -280,7 +280,7 @@ class Runner:
         split = input_ids.shape[1] - question_tokens
         context, question = input_ids[:, :split], input_ids[:, split:]
         chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        with snapkv.compress(model, list(compressors)) as session, chunk:
+        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
             _sync(self.device)
             start = time.perf_counter()
             out = model(context, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)

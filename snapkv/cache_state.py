@@ -51,6 +51,7 @@ class CacheState:
     prompt_slots: dict = field(default_factory=dict)  # cut layers: layer -> (positions, valid), see record_slots
     prompt_length: int = 0              # the (padded) prompt length of the latest compressing pass
     row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
+    prompt_ids: torch.Tensor | None = None  # the prompt, for a method scoring after the prefill (KVzip)
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":

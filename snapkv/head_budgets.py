@@ -129,6 +129,7 @@ class HeadAdaptiveMethod(Method):
     gqa: str = "mean"
     scorer: str = "snapkv"
     alpha_safeguard: float = 0.2
+    scorer_epsilon: float = 0.0   # scorer=expected_attention: its epsilon (kvpress's leaderboard entry: 0.01)
 
     def validate(self) -> None:
         check_int("window", self.window, 1)
@@ -144,6 +145,10 @@ class HeadAdaptiveMethod(Method):
             raise InputError(f"alpha_safeguard={alpha!r} must be a number in [0, 1]: the share of its uniform "
                              "budget each head keeps at least")
         self.alpha_safeguard = float(alpha)
+        eps = self.scorer_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise InputError(f"scorer_epsilon={eps!r} must be a number >= 0")
+        self.scorer_epsilon = float(eps)
         if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
 
@@ -164,7 +169,9 @@ class HeadAdaptiveMethod(Method):
 
     def scorer_config(self) -> Method:
         from .method import build_config
-        return build_config(self.scorer, window=self.window, kernel=self.kernel, pooling=self.pooling, gqa=self.gqa)
+        extra = {"epsilon": self.scorer_epsilon} if self.scorer == "expected_attention" else {}
+        return build_config(self.scorer, window=self.window, kernel=self.kernel, pooling=self.pooling, gqa=self.gqa,
+                            **extra)
 
     def prompt_scores(self, ctx) -> torch.Tensor:
         """``[b, kv_heads, L]``: the scorer's ranking of every prompt position (its window, if any,

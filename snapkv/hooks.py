@@ -80,7 +80,7 @@ class LayerContext:
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
-    def __init__(self, model, cfg, compress_later_turns: bool = False):
+    def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
@@ -95,6 +95,7 @@ class CompressionSession:
                                  f"(max_position_embeddings={limit})")
         self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
         self.compress_later_turns = compress_later_turns
+        self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
         self.layers = decoder_layers(model)
         self._rotary = getattr(getattr(model, "base_model", model), "rotary_emb", None)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
@@ -200,8 +201,12 @@ class CompressionSession:
             next_positions = torch.full((1,), q_len, dtype=torch.long)
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
 
+        ids = tokens if not tokens.is_floating_point() else None  # inputs_embeds: no ids
+
         def state(cfg):
-            return CacheState.for_prefill(cfg, pad_mask, next_positions, q_len)
+            one = CacheState.for_prefill(cfg, pad_mask, next_positions, q_len)
+            one.prompt_ids = ids if cfg.scores_after_prefill else None
+            return one
         first = state(self.cfgs[0])
         first.siblings = [(DynamicCache(config=self.model.config), state(cfg)) for cfg in self.cfgs[1:]]
         for sibling, sibling_state in first.siblings:
@@ -211,8 +216,50 @@ class CompressionSession:
     def _after_decoder(self, module, args, kwargs, output):
         cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
-        if state is not None:
-            state.end_pass()
+        if state is None:
+            return
+        waiting = [(c, s) for c, s in [(cache, state), *state.siblings]
+                   if s.in_prefill and s.cfg.scores_after_prefill and s.prompt_ids is not None]
+        state.end_pass()
+        if waiting:
+            self._cut_after_prefill(waiting)
+
+    def _cut_after_prefill(self, waiting: list) -> None:
+        """Methods that score once the whole prompt has been prefilled (KVzip): their caches still hold
+        every layer whole; each distinct scoring runs once for all its settings (KVzip's replay for every
+        ratio), then each cache keeps what its setting keeps."""
+        scored = {}
+        for cache, state in waiting:
+            cfg = state.cfg
+            full = [(layer.keys, layer.values) for layer in cache.layers]
+            if cfg.replay_key() not in scored:
+                with torch.no_grad():
+                    scored[cfg.replay_key()] = cfg.scores(self, full, state.prompt_ids)
+            for idx, (kept, valid) in enumerate(cfg.cut(scored[cfg.replay_key()])):
+                keys, values = full[idx]
+                if bool(valid.all()):
+                    if kept.shape[-1] == keys.shape[-2]:  # nothing cut: the layer stays as it is
+                        continue
+                    valid = None  # every head keeps as many: a uniform layer
+                per_head = kept.shape[-1] if valid is None else int(valid.sum(dim=-1).float().mean().item())
+                self._store(cache, state, idx, keys, values, kept, valid, per_head,
+                            self._groups[self.layers[idx].self_attn])
+
+    @property
+    def decoder(self):
+        """The model's decoder stack (``model.model``): a pass without the LM head."""
+        return getattr(self.model, "base_model", self.model)
+
+    def tokenizer_for(self, cfg):
+        """The tokenizer a method's own prompts need (KVzip's): the one given to ``compress``, else the
+        model's folder's, as kvpress loads it (None where there is none)."""
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.model.config.name_or_path)
+            except (OSError, ValueError, TypeError):
+                return None
+        return self.tokenizer
 
     # -- attention-level hooks --------------------------------------------------------------
     def _before_attention(self, module, args, kwargs):
@@ -313,14 +360,21 @@ class CompressionSession:
                              "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             kept, valid = cfg.select(ctx, budget, window)
-            groups = self._groups[ctx.attn]
-            if kept.shape[1] != keys.shape[1]:  # gqa="repeat": one selection per query head
+        self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn])
+
+    @staticmethod
+    def _store(cache, state: CacheState, idx: int, keys, values, kept, valid, budget: int, groups: int) -> None:
+        """Keep the positions ``kept`` (``valid``: which slots each head really keeps) of a layer holding
+        ``keys``/``values`` as that cache's layer, and record what was kept."""
+        length, kv_heads = keys.shape[-2], keys.shape[1]
+        with torch.no_grad():
+            if kept.shape[1] != kv_heads:  # gqa="repeat": one selection per query head
                 keys = keys.repeat_interleave(groups, dim=1)
                 values = values.repeat_interleave(groups, dim=1)
             gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
             new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
         current = cache.layers[idx]
-        if kept.shape[1] != ctx.keys.shape[1]:
+        if kept.shape[1] != kv_heads:
             cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
         elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
             current.keys, current.values = new_keys, new_values
@@ -334,7 +388,7 @@ class CompressionSession:
 
 
 @contextmanager
-def compress(model, cfg, compress_later_turns: bool = False):
+def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
 
     ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
@@ -347,8 +401,9 @@ def compress(model, cfg, compress_later_turns: bool = False):
 
     A cache compressed here can be continued in the context: token by token, several tokens at a
     time, or a later turn through ``generate`` on the same cache (its tokens are appended at the
-    right positions; ``compress_later_turns=True`` compresses a later turn's prompt too)."""
-    session = CompressionSession(model, cfg, compress_later_turns)
+    right positions; ``compress_later_turns=True`` compresses a later turn's prompt too). ``tokenizer``:
+    the model's, for a method that prompts the model itself (KVzip; else loaded from its folder)."""
+    session = CompressionSession(model, cfg, compress_later_turns, tokenizer)
     session.attach()
     try:
         yield session

@@ -147,7 +147,8 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     transient = hidden + max(qkv + scores, mlp, selection) + logits
     # KV the prefill holds while the last layer runs: full KV of every layer, or the compressed
     # earlier layers plus the current one at full length.
-    held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if not compresses else \
+    held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if not compresses \
+        or compressor.scores_after_prefill else \
         after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n) + one_layer_full
     weights = s.parameters() * n
     decode_cache = after_prefill + kv_bytes(s, [decode_tokens] * s.layers, heads if compresses else s.kv_heads,

@@ -41,6 +41,9 @@ class Method:
     reads_every_query: ClassVar[bool] = False
     # whether heads of one layer keep different numbers of positions (``select`` returns ``valid``)
     head_adaptive: ClassVar[bool] = False
+    # whether the method scores once the whole prompt is prefilled (KVzip): its layers are kept whole
+    # during the prefill and cut after it (``replay_key``, ``scores``, ``cut``)
+    scores_after_prefill: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()

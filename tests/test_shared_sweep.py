@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import compose
 from eval.sweep_groups import group_jobs, write_group
@@ -219,3 +220,24 @@ def test_decode_together_records_its_mode_and_keeps_exact_folders_apart(tmp_path
     exact.shared_prefill.decode_together = True  # batched records into the exact run's folders
     with pytest.raises(snapkv.InputError, match="shared_prefill.decode_together"):
         task_run("longbench")(exact)
+
+
+def test_the_leaderboard_preset_is_one_group_of_every_entry_at_every_ratio_and_full(tmp_path):
+    """experiment=kvpress_leaderboard: RULER 4K, query-agnostic, full KV once and each entry of
+    eval.leaderboard at kvpress's four ratios with its SnapKV-family defaults, one shared prefill."""
+    from eval import leaderboard
+    from eval.hydra_app import make_compressor
+    cfg = compose("ruler", ["experiment=kvpress_leaderboard"], hydra_node=True)
+    assert cfg.query_aware is False and list(cfg.ruler.lengths) == [leaderboard.LENGTH]
+    assert cfg.hydra.sweeper._target_.endswith("SharedPrefillSweeper")
+    options = str(cfg.hydra.sweeper.params["compressor"]).split(",")
+    assert options == ["full", *leaderboard.ENTRIES]
+    ratios = [float(r) for r in str(cfg.hydra.sweeper.params["compressor.ratio"]).split(",")]
+    assert ratios == list(leaderboard.RATIOS)
+    jobs = [["experiment=kvpress_leaderboard", "model=llama-3.1-8b-instruct", f"compressor={o}",
+             f"compressor.ratio={r}"] for o in options for r in ratios]
+    groups = group_jobs(jobs, lambda o: compose("ruler", [f"hydra.sweep.dir={tmp_path}", *o], hydra_node=True))
+    assert len(groups) == 1 and len(groups[0]) == 1 + len(leaderboard.ENTRIES) * len(ratios)
+    built = [make_compressor(OmegaConf.create(m.compressor)) for m in groups[0]]
+    from eval.bench.sweep import settings_of
+    assert [c.label() for c in built] == [c.label() for c in settings_of("leaderboard")]

@@ -1,6 +1,9 @@
 """Tiny random transformers models built locally from configs (no network)."""
 from __future__ import annotations
 
+import tempfile
+from functools import lru_cache
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -35,9 +38,23 @@ def tiny_model(name: str = "llama-gqa", attn: str = "sdpa", seed: int = 0, **ove
     config._attn_implementation = attn
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    model.config.name_or_path = tiny_tokenizer_dir()  # where a method finds the model's tokenizer (KVzip)
     # Random init is near-uniform attention; sharpen it so selection is meaningful.
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(4.0)
             layer.self_attn.k_proj.weight.mul_(4.0)
     return model.eval()
+
+
+@lru_cache(maxsize=1)
+def tiny_tokenizer_dir() -> str:
+    """A saved character tokenizer whose ids fit the tiny vocabulary (one id per ASCII character, no chat
+    template), for methods that prompt the model themselves."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tokenizer = Tokenizer(models.WordLevel({chr(i): i for i in range(128)}, unk_token=chr(0)))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"[\s\S]"), behavior="isolated")
+    folder = tempfile.mkdtemp(prefix="snapkv-tiny-tokenizer-")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(folder)
+    return folder

@@ -12,3 +12,4 @@ from .keydiff import KeyDiff
 from .expected_attention import ExpectedAttention
 from .adakv import AdaKV
 from .critical_adakv import CriticalAdaKV
+from .kvzip import KVzip

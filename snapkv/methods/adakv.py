@@ -34,7 +34,8 @@ ALLOCATIONS = ("kvpress", "authors")
 class AdaKV(HeadAdaptiveMethod):
     method = "adakv"
     display_name = "AdaKV"
-    tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "{allocation}")
+    tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "se{scorer_epsilon}",
+                 "{allocation}")
     allocation: str = "kvpress"
 
     def validate(self) -> None:

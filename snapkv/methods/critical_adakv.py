@@ -23,8 +23,8 @@ from ..method import register
 class CriticalAdaKV(HeadAdaptiveMethod):
     method = "critical_adakv"
     display_name = "CriticalAdaKV"
-    tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "e{epsilon}",
-                 "fs{first_stage_ratio}")
+    tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "se{scorer_epsilon}",
+                 "e{epsilon}", "fs{first_stage_ratio}")
     epsilon: float = 1e-4
     first_stage_ratio: float = 0.5
 
