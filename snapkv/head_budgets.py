@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .errors import InputError, check_choice, check_int
+from .errors import InputError, check_choice, check_int, check_number
 from .memory import window_scores_bytes
 from .method import POOLINGS, Method
 from .prompt_scores import always_kept
@@ -140,15 +140,9 @@ class HeadAdaptiveMethod(Method):
         if self.kernel % 2 == 0:
             raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
         check_choice("pooling", self.pooling, POOLINGS)
-        alpha = self.alpha_safeguard
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-            raise InputError(f"alpha_safeguard={alpha!r} must be a number in [0, 1]: the share of its uniform "
-                             "budget each head keeps at least")
-        self.alpha_safeguard = float(alpha)
-        eps = self.scorer_epsilon
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise InputError(f"scorer_epsilon={eps!r} must be a number >= 0")
-        self.scorer_epsilon = float(eps)
+        self.alpha_safeguard = check_number("alpha_safeguard", self.alpha_safeguard, 0, 1,
+                                            "the share of its uniform budget each head keeps at least")
+        self.scorer_epsilon = check_number("scorer_epsilon", self.scorer_epsilon, 0)
         if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
 

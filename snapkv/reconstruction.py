@@ -89,9 +89,11 @@ def chunk_scores(attn, hidden: torch.Tensor, keys: torch.Tensor, values: torch.T
 
 
 def reconstruction_scores(model, layers: list, decoder, full: list, context_ids: torch.Tensor, tokenizer,
-                          n_sink: int, chunk_size: int, plus_normalization: bool) -> torch.Tensor:
+                          n_sink: int, chunk_size: int, plus_normalization: bool,
+                          keep_prefix: bool = False) -> torch.Tensor:
     """``[layers, b, kv_heads, L]`` in the model dtype: KVzip's importance of every context position,
-    the first ``n_sink`` above all others. ``full``: each layer's ``(keys, values)`` of the context,
+    the first ``n_sink`` above all others (``keep_prefix``: the whole chat-template prefix, as the
+    authors keep their system prompt). ``full``: each layer's ``(keys, values)`` of the context,
     left as they are. ``decoder``: the model's decoder stack (``model.model``), run without the LM head."""
     if tokenizer is None:
         raise InputError("kvzip: the model's tokenizer is needed for its reconstruction prompts; pass "
@@ -124,7 +126,7 @@ def reconstruction_scores(model, layers: list, decoder, full: list, context_ids:
     finally:
         for handle in handles:
             handle.remove()
-    scores[..., :n_sink] = scores.amax() + 1.0
+    scores[..., :max(n_sink, prefix_length if keep_prefix else 0)] = scores.amax() + 1.0
     return scores
 
 

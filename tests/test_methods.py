@@ -56,7 +56,8 @@ def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
                "seed": 1, "sink_tokens": 8, "beta": 10, "average": "kv_group", "scorer": "knorm",
                "alpha_safeguard": 0.5, "epsilon": 0.01, "first_stage_ratio": 0.25, "n_future_positions": 256,
                "n_sink": 8, "use_covariance": False, "use_vnorm": False, "allocation": "authors",
-               "scorer_epsilon": 0.01, "chunk_size": 1024, "layerwise": True, "plus_normalization": True}
+               "scorer_epsilon": 0.01, "chunk_size": 1024, "layerwise": True, "plus_normalization": True,
+               "keep_prefix": True}
     alternatives = {"pooling": "maxpool"}  # where a method's default is the value above
     for f in dataclasses.fields(cls):
         if f.name in ("ratio", *cls.derived, *cls.untagged):

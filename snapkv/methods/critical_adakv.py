@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import check_number
 from ..head_budgets import HeadAdaptiveMethod, critical_adakv_keep, per_row_keep
 from ..method import register
 
@@ -30,11 +30,8 @@ class CriticalAdaKV(HeadAdaptiveMethod):
 
     def validate(self) -> None:
         super().validate()
-        for name, high in (("epsilon", None), ("first_stage_ratio", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (high and value > high):
-                raise InputError(f"{name}={value!r} must be a number >= 0" + (f" and <= {high}" if high else ""))
-            setattr(self, name, float(value))
+        self.epsilon = check_number("epsilon", self.epsilon, 0)
+        self.first_stage_ratio = check_number("first_stage_ratio", self.first_stage_ratio, 0, 1)
 
     def keep(self, ctx, scores, n_kept: int):
         def row(row_scores, row, first):

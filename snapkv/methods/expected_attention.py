@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..architectures import prerope_queries
-from ..method import InputError, check_int, register
+from ..errors import InputError, check_bool, check_int, check_number
+from ..method import register
 from ..prompt_scores import WholePromptMethod, always_kept, by_real_rows
 
 
@@ -50,11 +51,9 @@ class ExpectedAttention(WholePromptMethod):
         super().validate()
         check_int("n_future_positions", self.n_future_positions, 1)
         check_int("n_sink", self.n_sink, 0)
-        for name in ("use_covariance", "use_vnorm"):
-            if not isinstance(getattr(self, name), bool):
-                raise InputError(f"{name}={getattr(self, name)!r} must be true or false")
-        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or self.epsilon < 0:
-            raise InputError(f"epsilon={self.epsilon!r} must be a number >= 0")
+        check_bool("use_covariance", self.use_covariance)
+        check_bool("use_vnorm", self.use_vnorm)
+        self.epsilon = check_number("epsilon", self.epsilon, 0)
 
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         # kvpress needs more tokens than sinks; a prompt of no more is kept whole

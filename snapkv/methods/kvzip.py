@@ -11,6 +11,12 @@ is done (the method needs it, as kvpress's does); then each layer stores only wh
 to its longest head (kvpress masks instead). The replay is shared by every KVzip ratio of a prefill.
 Batch size 1; the tokenizer is the model's (``snapkv.compress(..., tokenizer=)``, or loaded from
 ``model.config.name_or_path`` as kvpress does).
+
+The authors' code (snu-mllab/KVzip) differs from kvpress: it keeps the whole system prompt outside the
+budget (``keep_prefix=true`` keeps the chat template's prefix), replays chunks of 2,000 tokens
+(``chunk_size=2000``), its system prompt and answer frame are its own per model, its second request
+ends in a space, its softmax sees the whole system prompt rather than 4 sinks, and its ``ratio`` is the
+share kept (kvpress's ``compression_ratio`` the share removed).
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError, check_int
+from ..errors import check_bool, check_int
 from ..head_budgets import pack
 from ..method import register
 from ..prompt_scores import WholePromptMethod
@@ -30,21 +36,22 @@ from ..reconstruction import kept_in_layer, pruned_per_layer, reconstruction_sco
 class KVzip(WholePromptMethod):
     method = "kvzip"
     display_name = "KVzip"
-    tag_parts = ("s{n_sink}", "c{chunk_size}", "lw{layerwise}", "plus{plus_normalization}")
+    tag_parts = ("s{n_sink}", "c{chunk_size}", "lw{layerwise}", "plus{plus_normalization}", "kp{keep_prefix}")
     head_adaptive = True
     scores_after_prefill = True
     n_sink: int = 4
     chunk_size: int = 2048
     layerwise: bool = False
     plus_normalization: bool = False
+    keep_prefix: bool = False
 
     def validate(self) -> None:
         super().validate()
         check_int("n_sink", self.n_sink, 0)
         check_int("chunk_size", self.chunk_size, 1)
-        for name in ("layerwise", "plus_normalization"):
-            if not isinstance(getattr(self, name), bool):
-                raise InputError(f"{name}={getattr(self, name)!r} must be true or false")
+        check_bool("layerwise", self.layerwise)
+        check_bool("plus_normalization", self.plus_normalization)
+        check_bool("keep_prefix", self.keep_prefix)
 
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         return length  # nothing is cut during the prefill: the replay needs every layer whole
@@ -54,12 +61,12 @@ class KVzip(WholePromptMethod):
         return min(length, self.budget_for(length))
 
     def replay_key(self) -> tuple:
-        return ("kvzip", self.n_sink, self.chunk_size, self.plus_normalization)
+        return ("kvzip", self.n_sink, self.chunk_size, self.plus_normalization, self.keep_prefix)
 
     def scores(self, session, full: list, context_ids: torch.Tensor) -> torch.Tensor:
         return reconstruction_scores(session.model, session.layers, session.decoder, full, context_ids,
                                      session.tokenizer_for(self), self.n_sink, self.chunk_size,
-                                     self.plus_normalization)
+                                     self.plus_normalization, self.keep_prefix)
 
     def keep_per_layer(self, scores: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, ``[b, kv_heads, L]`` bool: what each head keeps."""
