@@ -146,3 +146,33 @@ def test_ruler_runs_get_their_tables_and_budget_curve(tmp_path):
     assert "| m | FullKV | 90.00 (1/13) |" in md and "| m | SnapKV 1024 · query-agnostic | 40.00 (1/13) |" in md
     assert "| m | SnapKV 1024 | vt | 80.00 |" in md
     assert (out / "ruler.csv").exists() and (out / "ruler_budget_curve.png").exists()
+
+
+def test_ratio_runs_make_the_leaderboard_table_and_figure(tmp_path):
+    """RULER runs with compressor.ratio: one row a method ranked by its mean over the ratios, full KV at
+    ratio 0 for every line, runs with a token budget left out, fewer than 13 tasks marked."""
+    runs = tmp_path / "runs"
+    knorm = {"method": "knorm", "budget": None}
+    adakv = {"method": "adakv", "budget": None, "window": 64, "kernel": 5, "pooling": "avgpool", "gqa": "mean"}
+    cases = [("full", {"method": "full", "budget": None}, 95.0, True),
+             ("knorm-25", {**knorm, "ratio": 0.25}, 80.0, True), ("knorm-75", {**knorm, "ratio": 0.75}, 40.0, True),
+             ("adakv-25", {**adakv, "ratio": 0.25}, 90.0, True), ("adakv-75", {**adakv, "ratio": 0.75}, 70.0, False),
+             ("snap-1024", SNAPKV_1024, 10.0, True)]
+    for tag, compressor, avg, complete in cases:
+        run = runs / "ruler" / "m" / tag
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
+                                                         "compressor": compressor, "query_aware": False}))
+        (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": avg}, "average": avg,
+                                                              "complete": complete, "counts": {}}}))
+    out = report(tmp_path)
+    md = (out / "leaderboard.md").read_text()
+    assert "## m, RULER 4096 tokens, query-agnostic" in md
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "method" not in line]
+    assert rows == ["| FullKV | 95.00 | – | – | – |",
+                    "| AdaKV | 95.00 | 90.00 | 70.00* | 80.00 |",
+                    "| Knorm | 95.00 | 80.00 | 40.00 | 60.00 |"]
+    assert "SnapKV" not in md  # a budget in tokens is no leaderboard point
+    assert (out / "leaderboard_m_4096_agnostic.png").exists()
+    csv_rows = (out / "leaderboard.csv").read_text().splitlines()
+    assert csv_rows[0] == "model,length,query_aware,method,ratio,ruler_average" and len(csv_rows) == 1 + 1 + 3 + 3

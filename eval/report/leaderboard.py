@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..plotting import save_figure
 
 FULL = "FullKV"
+PARTIAL = "_partial"  # a board's (method, ratio) cells averaged over fewer than RULER's 13 tasks
 
 
 def method_name(compressor: dict) -> str:
@@ -39,6 +40,8 @@ def leaderboard_points(runs: list[dict]) -> dict:
         for length, one in r["by_length"].items():
             key = (r["model"], int(length), r.get("query_aware", True))
             boards.setdefault(key, {}).setdefault(name, {})[float(ratio)] = one["average"]
+            if not one.get("complete", True):
+                boards[key].setdefault(PARTIAL, set()).add((name, float(ratio)))
     return boards
 
 
@@ -49,7 +52,7 @@ def _title(model: str, length: int, query_aware: bool) -> str:
 
 def write_leaderboard(runs: list[dict], out: Path) -> list[Path]:
     boards = {key: board for key, board in leaderboard_points(runs).items()
-              if any(name != FULL for name in board)}
+              if any(name not in (FULL, PARTIAL) for name in board)}
     if not boards:
         return []
     md = ["# KV-cache compression leaderboard (kvpress's protocol)", "",
@@ -57,6 +60,7 @@ def write_leaderboard(runs: list[dict], out: Path) -> list[Path]:
           "prompt's KV removed); ratio 0 is full KV. Methods ranked by their average over the ratios run.", ""]
     rows, written = [], []
     for (model, length, query_aware), board in sorted(boards.items()):
+        partial = board.pop(PARTIAL, set())
         ratios = sorted({x for points in board.values() for x in points} | {0.0})
         full = board.get(FULL, {}).get(0.0)
         md += [f"## {_title(model, length, query_aware)}", "",
@@ -69,11 +73,14 @@ def write_leaderboard(runs: list[dict], out: Path) -> list[Path]:
             if name != FULL and full is not None:
                 points.setdefault(0.0, full)
             compressed = [v for x, v in points.items() if x > 0]
-            cells = ["–" if points.get(x) is None else f"{points[x]:.2f}" for x in ratios]
+            cells = ["–" if points.get(x) is None else
+                     f"{points[x]:.2f}" + ("*" if (FULL if x == 0 else name, x) in partial else "") for x in ratios]
             average = f"{_mean(compressed):.2f}" if compressed else "–"
             md.append(f"| {name} | " + " | ".join(cells) + f" | {average} |")
             rows += [{"model": model, "length": length, "query_aware": query_aware, "method": name, "ratio": x,
                       "ruler_average": v} for x, v in sorted(points.items())]
+        if partial:
+            md += ["", "\\* averaged over fewer than RULER's 13 tasks (see ruler.md for which)."]
         md.append("")
         written += _figure(board, full, out, model, length, query_aware)
     (out / "leaderboard.md").write_text("\n".join(md), encoding="utf-8")
