@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .errors import InputError, check_choice, check_int, check_number
 from .memory import window_scores_bytes
 from .method import POOLINGS, Method
-from .prompt_scores import always_kept
+from .prompt_scores import always_kept, by_real_rows
 from .select import aggregate_heads, pool
 
 SCORERS = ("snapkv", "tova", "knorm", "keydiff", "expected_attention", "h2o")
@@ -98,12 +97,13 @@ def critical_adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float, values:
 
 
 def per_row_keep(scores: torch.Tensor, pad_mask: torch.Tensor | None, keep_row) -> torch.Tensor:
-    """``keep_row(row_scores, row, first)`` -> ``[1, heads, n - first]`` for each batch row on its real
-    tokens (from ``first``, its padding); padded positions are never kept."""
-    pads = [0] * scores.shape[0] if pad_mask is None else (~pad_mask).sum(dim=1).tolist()
-    rows = [F.pad(keep_row(scores[row:row + 1, :, pad:].clone(), row, pad), (pad, 0), value=False)
-            for row, pad in enumerate(pads)]
-    return torch.cat(rows)
+    """``keep_row(row_scores, rows, first)`` -> the kept mask ``[rows, heads, n - first]``, one batch row
+    at a time on its real tokens (from ``first``, its padding), as the allocation ranks one row; padded
+    positions are never kept."""
+    if pad_mask is None:
+        pad_mask = torch.ones(scores.shape[0], scores.shape[-1], dtype=torch.bool, device=scores.device)
+    return by_real_rows(pad_mask, lambda rows, first: keep_row(scores[rows, :, first:].clone(), rows, first),
+                        fill=False)
 
 
 def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -173,6 +173,9 @@ class CompressionSession:
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
             raise InputError("attention_mask: a 4-D mask cannot follow a compressed cache; pass the 2-D padding mask")
+        if self.compress_later_turns and q_len > 1 and state.head_masks:
+            raise InputError(f"{state.cfg.method}: a head-adaptive cache cannot compress a later turn "
+                             "(compress_later_turns=False appends it as it is)")
         positions, kwargs["attention_mask"] = state.begin_pass(q_len, self.compress_later_turns)
         if kwargs.get("position_ids") is None:
             kwargs["position_ids"] = positions
@@ -202,6 +205,10 @@ class CompressionSession:
         next_positions = next_positions.to(tokens.device).expand(tokens.shape[0]).clone()
 
         ids = tokens if not tokens.is_floating_point() else None  # inputs_embeds: no ids
+        for cfg in self.cfgs:
+            if cfg.scores_after_prefill and (ids is None or pad_mask is not None or ids.shape[0] != 1):
+                raise InputError(f"{cfg.method}: one prompt of token ids without padding (batch size 1, "
+                                 "input_ids): its replay repeats the prompt's tokens, as kvpress's press does")
 
         def state(cfg):
             one = CacheState.for_prefill(cfg, pad_mask, next_positions, q_len)
@@ -244,13 +251,14 @@ class CompressionSession:
                 per_head = kept.shape[-1] if valid is None else int(valid.sum(dim=-1).float().mean().item())
                 self._store(cache, state, idx, keys, values, kept, valid, per_head,
                             self._groups[self.layers[idx].self_attn])
+            state.prompt_ids = None  # scored once
 
     @property
     def decoder(self):
         """The model's decoder stack (``model.model``): a pass without the LM head."""
         return getattr(self.model, "base_model", self.model)
 
-    def tokenizer_for(self, cfg):
+    def model_tokenizer(self):
         """The tokenizer a method's own prompts need (KVzip's): the one given to ``compress``, else the
         model's folder's, as kvpress loads it (None where there is none)."""
         if self.tokenizer is None:
@@ -310,10 +318,10 @@ class CompressionSession:
             own = own.repeat_interleave(groups, dim=1)
             visible = visible[:, None].repeat(1, own.shape[1], 1, 1)
             visible[..., :own.shape[-1]] &= own[:, :, None, :]
-            blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
-            return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)
+        else:
+            visible = visible[:, None]
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
-        return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)[:, None]
+        return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)
 
     def _projection_keeper(self, attn):
         """A forward hook on ``attn.q_proj`` that keeps its output until the attention module returns."""
@@ -354,9 +362,6 @@ class CompressionSession:
         if ctx.hidden_states.shape[1] < window:
             raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
                              f"window={window}; it cannot be compressed "
-                             "(compress_later_turns=False appends it as it is)")
-        if cfg.head_adaptive and idx in state.head_masks:
-            raise InputError(f"{cfg.method}: a head-adaptive cache cannot compress a later turn "
                              "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             kept, valid = cfg.select(ctx, budget, window)

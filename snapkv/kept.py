@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .cache_state import state_of
+from .errors import InputError
 
 
 def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
@@ -11,11 +12,14 @@ def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
 
     Positions count from each row's first real token (a left-padded row's padding is never listed).
     A head is a KV head, or a query head for a ``gqa="repeat"`` cache. Uniform methods give every head
-    of a layer the same count; head-adaptive ones (``adakv``, ``critical_adakv``) do not. A layer that
+    of a layer the same count; head-adaptive ones (``adakv``, ``critical_adakv``, ``kvzip``) do not. A layer that
     nothing was cut from lists every prompt position. Tokens appended after the prompt (decoded tokens,
     an uncompressed later turn) are not listed; a later turn that was compressed
     (``compress_later_turns``) is, with the positions it kept."""
     state = state_of(cache)
+    if state is not None and state.cfg is None:  # only snapkv.merge_caches makes a state of no setting
+        raise InputError("kept_positions: a merged cache (snapkv.merge_caches) mixes several prompts' caches; "
+                         "read each cache's kept positions before merging")
     layers = []
     for idx, layer in enumerate(cache.layers):
         rows, heads = layer.keys.shape[:2]

@@ -123,7 +123,7 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     if not caches or any(state is None for state in states):
         raise InputError("caches: merge caches left by a prefill inside snapkv.compress")
     if any(state.head_masks for state in states):
-        raise InputError("caches: a head-adaptive cache (adakv, critical_adakv) holds a different number of "
+        raise InputError("caches: a head-adaptive cache (adakv, critical_adakv, kvzip) holds a different number of "
                          "positions per head and decodes alone; merge uniform caches only")
     if len({state.consumed for state in states}) > 1:
         raise InputError("caches: the caches come from prompts of different lengths; merge one prefill's caches")

@@ -94,8 +94,8 @@ class Method:
     def select(self, ctx, budget: int, window: int):
         """The prompt positions each head keeps, ``(kept, valid)``: ``kept`` ``[batch, heads, n]``
         ascending, ``valid`` None where every head keeps ``n`` (uniform), else ``[batch, heads, n]``
-        marking each head's real slots (head-adaptive; its other slots repeat a kept position and are
-        never attended to). Uniform: the top ``budget - window`` earlier positions by ``score``
+        marking each head's real slots (head-adaptive; its other slots hold positions it did not keep and
+        are never attended to). Uniform: the top ``budget - window`` earlier positions by ``score``
         (ranked per row on its real tokens) and the last ``window``."""
         import torch
         from .select import top_positions

@@ -17,7 +17,7 @@ from .method import GQA_MODES, Method, check_choice
 class WholePromptMethod(Method):
     """A method whose ``score`` ranks all ``L`` prompt positions (``window`` is 0): a prompt of ``n``
     tokens keeps ``budget``, or ``max(1, int(n * (1 - ratio)))`` (kvpress's ``compute_n_kept``). Scores
-    are per KV head, so ``gqa`` changes nothing."""
+    are per KV head, so ``gqa`` changes nothing (``repeat``, a selection per query head, is refused)."""
 
     budget: int | None = 1024
     window: int = 0  # derived
@@ -28,19 +28,20 @@ class WholePromptMethod(Method):
     def validate(self) -> None:
         self.window = 0
         self.check_budget_or_ratio()
-        check_choice("gqa", self.gqa, GQA_MODES)
+        check_choice("gqa", self.gqa, tuple(mode for mode in GQA_MODES if mode != "repeat"))
 
 
-def by_real_rows(pad_mask: torch.Tensor | None, score_rows) -> torch.Tensor:
-    """``score_rows(rows, first)`` -> ``[rows, heads, L - first]``: scores of the batch rows ``rows``
-    (a slice) from position ``first`` on. Without padding, the whole batch at once; with left padding,
-    each row on its own real tokens (what it scores unbatched), its padded positions at ``-inf``."""
+def by_real_rows(pad_mask: torch.Tensor | None, score_rows, fill=float("-inf")) -> torch.Tensor:
+    """``score_rows(rows, first)`` -> ``[rows, heads, L - first]``: scores (or a kept mask) of the batch
+    rows ``rows`` (a slice) from position ``first`` on. Without padding, the whole batch at once; with
+    left padding, each row on its own real tokens (what it gets unbatched), its padded positions
+    ``fill``."""
     if pad_mask is None:
         return score_rows(slice(None), 0)
     parts = []
     for row, pad in enumerate((~pad_mask).sum(dim=1).tolist()):
         part = score_rows(slice(row, row + 1), pad)
-        parts.append(F.pad(part, (pad, 0), value=float("-inf")))
+        parts.append(F.pad(part, (pad, 0), value=fill))
     return torch.cat(parts)
 
 

@@ -71,20 +71,64 @@ def test_a_head_adaptive_cache_decodes_as_attention_over_each_heads_kept_keys(at
 
 def _masked_step(model, cache, token, position, masks):
     """One decoding step over ``cache`` with a per-layer, per-query-head mask of visible keys."""
+    return _masked_pass(model, cache, [token], position, [m[:, None, :] for m in masks])[-1]
+
+
+def _masked_pass(model, cache, tokens, position, masks):
+    """``tokens`` at ``position...`` over ``cache`` with per-layer masks ``[heads, q, keys]`` of visible keys;
+    the logits of every new token."""
     handles = []
     for layer, visible in zip(model.model.layers, masks):
         def before(module, args, kwargs, visible=visible):
             lowest = torch.finfo(torch.float32).min
             blocked = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, lowest)
-            kwargs["attention_mask"] = blocked[None, :, None, :]
+            kwargs["attention_mask"] = blocked[None]
             return args, kwargs
         handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
+    positions = torch.arange(position, position + len(tokens))[None]
     try:
-        out = model(torch.tensor([[token]]), cache=cache, use_cache=True, position_ids=torch.tensor([[position]]))
+        out = model(torch.tensor([tokens]), cache=cache, use_cache=True, position_ids=positions)
     finally:
         for handle in handles:
             handle.remove()
-    return out.logits[0, -1]
+    return out.logits[0]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("method", [snapkv.AdaKV(budget=40, window=8), snapkv.KVzip(budget=40)])
+def test_a_question_turn_after_a_head_adaptive_cut_attends_per_head(attn, method):
+    """query_aware=false: the question's tokens, appended after the cut in one pass, see each head's kept
+    keys and each other causally, as over the full cache with the evicted keys masked per head."""
+    model = tiny_model("llama-gqa", attn=attn)
+    ids = torch.randint(0, 128, (1, 160), generator=torch.Generator().manual_seed(7))
+    question = [11, 22, 33, 44, 55]
+    with snapkv.compress(model, method), torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(ids, cache=cache, use_cache=True)
+        kept = snapkv.kept_positions(cache)
+        ours = model(torch.tensor([question]), cache=cache, use_cache=True).logits[0]
+    full = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=full, use_cache=True)
+        masks = []
+        for layer in kept:
+            visible = torch.zeros(2, len(question), 160 + len(question), dtype=torch.bool)
+            for head, positions in enumerate(layer[0]):
+                visible[head, :, positions] = True
+            visible[:, :, 160:] = torch.ones(len(question), len(question), dtype=torch.bool).tril()
+            masks.append(visible.repeat_interleave(2, dim=0))
+        reference = _masked_pass(model, full, question, 160, masks)
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_a_later_turn_is_not_compressed_on_a_head_adaptive_cache():
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(0, 128, (1, 160), generator=torch.Generator().manual_seed(7))
+    with snapkv.compress(model, snapkv.AdaKV(budget=40, window=8), compress_later_turns=True), torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(snapkv.InputError, match="head-adaptive cache cannot compress a later turn"):
+            model(torch.randint(0, 128, (1, 20)), cache=cache, use_cache=True)
 
 
 def test_kv_cache_bytes_and_the_plan_count_what_a_head_adaptive_cache_stores():

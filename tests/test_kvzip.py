@@ -57,6 +57,17 @@ def test_kvzip_refusals_are_one_line():
         with snapkv.compress(model, snapkv.KVzip(budget=32)), torch.no_grad():
             model(torch.randint(0, 128, (1, 100)), cache=DynamicCache(config=model.config), use_cache=True)
     model = tiny_model("llama-gqa")
-    with pytest.raises(snapkv.InputError, match="kvzip: batch size 1"):
+    with pytest.raises(snapkv.InputError, match="kvzip: one prompt of token ids without padding"):
         with snapkv.compress(model, snapkv.KVzip(budget=32)), torch.no_grad():
             model(torch.randint(0, 128, (2, 100)), cache=DynamicCache(config=model.config), use_cache=True)
+
+
+def test_kept_positions_refuses_a_merged_cache():
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(0, 128, (1, 120), generator=torch.Generator().manual_seed(8))
+    with snapkv.compress(model, [snapkv.SnapKV(budget=48, window=8), snapkv.SnapKV(budget=64, window=8)]) as s, \
+            torch.no_grad():
+        model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        merged = snapkv.merge_caches(s.caches)
+        with pytest.raises(snapkv.InputError, match="kept_positions: a merged cache"):
+            snapkv.kept_positions(merged)

@@ -43,7 +43,7 @@ class AdaKV(HeadAdaptiveMethod):
         check_choice("allocation", self.allocation, ALLOCATIONS)
 
     def keep(self, ctx, scores, n_kept: int):
-        def row(row_scores, row, first):
+        def row(row_scores, rows, first):
             return adakv_keep(row_scores, min(n_kept, row_scores.shape[-1]), self.alpha_safeguard)
         return per_row_keep(scores, ctx.pad_mask, row)
 
@@ -53,7 +53,8 @@ class AdaKV(HeadAdaptiveMethod):
         # the authors': budget - window earlier positions per head on average, then the window
         earlier = self.prompt_scores(ctx)[..., :-self.window]
 
-        def row(row_scores, row, first):
-            return authors_keep(row_scores, min(budget - self.window, row_scores.shape[-1]), self.alpha_safeguard)
+        def row(row_scores, rows, first):
+            n_past = max(0, min(budget - self.window, row_scores.shape[-1]))  # a ratio may leave the window only
+            return authors_keep(row_scores, n_past, self.alpha_safeguard)
         keep = per_row_keep(earlier, ctx.pad_mask, row)
         return pack(F.pad(keep, (0, self.window), value=True))

@@ -34,9 +34,9 @@ class CriticalAdaKV(HeadAdaptiveMethod):
         self.first_stage_ratio = check_number("first_stage_ratio", self.first_stage_ratio, 0, 1)
 
     def keep(self, ctx, scores, n_kept: int):
-        def row(row_scores, row, first):
+        def row(row_scores, rows, first):
             n = row_scores.shape[-1]
-            values = ctx.values[row:row + 1, :, first:]
+            values = ctx.values[rows, :, first:]
             return critical_adakv_keep(row_scores, min(n_kept, n), self.alpha_safeguard, values, ctx.attn,
                                        self.epsilon, self.first_stage_ratio)
         return per_row_keep(scores, ctx.pad_mask, row)

@@ -32,7 +32,7 @@ def averaged_rope(rotary, like: torch.Tensor, start: int, count: int, head_dim: 
     swap = torch.zeros(head_dim, head_dim, device=cos.device, dtype=cos.dtype)
     swap[half:, :half], swap[:half, half:] = torch.eye(half), -torch.eye(half)
     rotations = cos.unsqueeze(1) * identity + sin.unsqueeze(1) * swap
-    return rotations.mean(dim=0).to(like.device)
+    return rotations.mean(dim=0)
 
 
 @register

@@ -65,7 +65,7 @@ class KVzip(WholePromptMethod):
 
     def scores(self, session, full: list, context_ids: torch.Tensor) -> torch.Tensor:
         return reconstruction_scores(session.model, session.layers, session.decoder, full, context_ids,
-                                     session.tokenizer_for(self), self.n_sink, self.chunk_size,
+                                     session.model_tokenizer(), self.n_sink, self.chunk_size,
                                      self.plus_normalization, self.keep_prefix)
 
     def keep_per_layer(self, scores: torch.Tensor) -> list[torch.Tensor]:

@@ -43,7 +43,7 @@ class TOVA(WholePromptMethod):
         return max(int(length * (1 - self.ratio)), 1)
 
     def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        return min(1, self.budget_for(length))
+        return 1
 
     def score(self, ctx):
         _, attention = window_votes(ctx, 1)  # [b, H, L - 1]: the last query's attention
