@@ -22,6 +22,16 @@ def fake_run(root, model_cfg, compressor, scores, summary=None, name=None, query
         (run / "summary.json").write_text(json.dumps(summary))
 
 
+def fake_ruler_run(runs, tag, compressor, average, query_aware=True, complete=False):
+    """A RULER run of model ``m`` at 4096 tokens whose only task, vt, scored ``average``."""
+    run = runs / "ruler" / "m" / tag
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
+                                                     "compressor": compressor, "query_aware": query_aware}))
+    (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": average}, "average": average,
+                                                          "complete": complete, "counts": {}}}))
+
+
 def report(tmp_path):
     from eval.report.__main__ import run
     run(compose("report", [f"report.runs={tmp_path / 'runs'}", f"report.out={tmp_path}/out"]))
@@ -135,12 +145,7 @@ def test_ruler_runs_get_their_tables_and_budget_curve(tmp_path):
     runs = tmp_path / "runs"
     for tag, compressor, query_aware, avg in [("full", {"method": "full", "budget": None}, True, 90.0),
                                               ("snap", SNAPKV_1024, True, 80.0), ("snap-qa", SNAPKV_1024, False, 40.0)]:
-        run = runs / "ruler" / "m" / tag
-        run.mkdir(parents=True)
-        (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
-                                                         "compressor": compressor, "query_aware": query_aware}))
-        (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": avg}, "average": avg,
-                                                              "complete": False, "counts": {}}}))
+        fake_ruler_run(runs, tag, compressor, avg, query_aware)
     out = report(tmp_path)
     md = (out / "ruler.md").read_text()
     assert "| m | FullKV | 90.00 (1/13) |" in md and "| m | SnapKV 1024 · query-agnostic | 40.00 (1/13) |" in md
@@ -159,12 +164,7 @@ def test_ratio_runs_make_the_leaderboard_table_and_figure(tmp_path):
              ("adakv-25", {**adakv, "ratio": 0.25}, 90.0, True), ("adakv-75", {**adakv, "ratio": 0.75}, 70.0, False),
              ("snap-1024", SNAPKV_1024, 10.0, True)]
     for tag, compressor, avg, complete in cases:
-        run = runs / "ruler" / "m" / tag
-        run.mkdir(parents=True)
-        (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
-                                                         "compressor": compressor, "query_aware": False}))
-        (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": avg}, "average": avg,
-                                                              "complete": complete, "counts": {}}}))
+        fake_ruler_run(runs, tag, compressor, avg, query_aware=False, complete=complete)
     out = report(tmp_path)
     md = (out / "leaderboard.md").read_text()
     assert "## m, RULER 4096 tokens, query-agnostic" in md
