@@ -48,10 +48,13 @@ mkdir -p $STATE/ctld $STATE/d /var/log/slurm /run/munge /run/mysqld /etc/slurm
 chown munge:munge /run/munge 2>/dev/null || true
 chown mysql:mysql /run/mysqld 2>/dev/null || true
 
+# whether a daemon is alive: a zombie left by one that died does not count (pgrep -x would match it)
+running() { ps -C "$1" -o stat= 2>/dev/null | grep -qv '^Z'; }
+
 # munge: the key the package made, a daemon as the munge user
 [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null;
                                   chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
-pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+running munged || runuser -u munge -- /usr/sbin/munged
 
 # MariaDB for slurmdbd
 # (a socket left by a server that was killed is stale: ping, not the socket, says whether one runs)
@@ -64,6 +67,7 @@ if ! mysqladmin ping >/dev/null 2>&1; then
 fi
 mariadb -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
             CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';
+            ALTER USER 'slurm'@'localhost' IDENTIFIED BY 'slurm';
             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 
 cat > /etc/slurm/slurmdbd.conf <<CONF
@@ -110,11 +114,11 @@ NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 
-pgrep -x slurmdbd >/dev/null || slurmdbd
+running slurmdbd || slurmdbd
 for _ in $(seq 60); do sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep 0.5; done
 sacctmgr -i add cluster $CLUSTER >/dev/null 2>&1 || true
-pgrep -x slurmctld >/dev/null || slurmctld
-pgrep -x slurmd >/dev/null || slurmd
+running slurmctld || slurmctld
+running slurmd || slurmd
 for _ in $(seq 120); do status && break; sleep 0.5; done
 status || die "the cluster did not come up; see /var/log/slurm/*.log"
 scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
