@@ -185,6 +185,22 @@ def _own_version() -> str:
         return "unknown"
 
 
+def drop_full_kv_sizes(cfg: DictConfig) -> None:
+    """Full KV keeps every token: a budget, ratio or other compressor field given to it (a plain multirun
+    ``compressor=full,snapkv compressor.budget=256,512``) is dropped with a note, as the shared-prefill
+    sweeper drops it, so that each such job is the one full run (the same folder and fingerprint: the
+    first writes it, the others find it done)."""
+    node = cfg.get("compressor")
+    if node is None or node.get("method") != "full":
+        return
+    from .sweep_groups import unused_fields
+    given = sorted(name for name in unused_fields("full") if node.get(name) is not None)
+    if given:
+        print(f"note: compressor=full keeps every token; {', '.join(f'compressor.{n}' for n in given)} ignored")
+        for name in given:
+            node[name] = None
+
+
 def _multirun() -> bool:
     try:
         return HydraConfig.get().mode == RunMode.MULTIRUN
@@ -203,6 +219,7 @@ def run_guarded(task, cfg: DictConfig):
     job (Hydra's basic launcher runs a sweep's jobs one after another in one process)."""
     outs: list[Path] = []
     try:
+        drop_full_kv_sizes(cfg)
         check_sections(cfg)
         outs = job_output_dirs(cfg)
         with _on_sigterm(outs), ExitStack() as locks:

@@ -241,3 +241,20 @@ def test_the_leaderboard_preset_is_one_group_of_every_entry_at_every_ratio_and_f
     built = [make_compressor(OmegaConf.create(m.compressor)) for m in groups[0]]
     from eval.bench.sweep import settings_of
     assert [c.label() for c in built] == [c.label() for c in settings_of("leaderboard")]
+
+
+def test_a_plain_multirun_runs_full_kv_once_whatever_budgets_it_sweeps(tmp_path):
+    """The basic sweeper, as the paper's sweep is usually typed: full's budget is dropped (a note), so its
+    jobs are one run in one folder, written once; the other settings run as usual."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "model=tiny-llama",
+                           "compressor=full,snapkv", "compressor.budget=64,128", "compressor.window=8",
+                           "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2",
+                           f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compressor=full keeps every token; compressor.budget, compressor.window ignored" in proc.stdout
+    folders = sorted(p.parent.name for p in tmp_path.glob("tiny-llama/*/needle.jsonl"))
+    assert folders == ["full", "snapkv-b128-w8-k7-maxpool-mean", "snapkv-b64-w8-k7-maxpool-mean"]
+    assert len((tmp_path / "tiny-llama" / "full" / "needle.jsonl").read_text().splitlines()) == 1
+    assert not list(tmp_path.glob("tiny-llama/*/failed.json"))
