@@ -48,7 +48,7 @@ class CacheState:
     layer_masks: list | None = None     # caches merged into one batch: per layer, [rows, length] real slots
     layer_segments: list | None = None  # ... and per layer, (first row, end row, first real slot) of each member
     head_masks: dict = field(default_factory=dict)  # head-adaptive layers: layer -> [rows, heads, slots] real slots
-    prompt_slots: dict = field(default_factory=dict)  # cut layers: layer -> (positions, valid), see record_slots
+    prompt_slots: dict = field(default_factory=dict)  # cut layers: layer -> kept positions, see record_slots
     prompt_length: int = 0              # the (padded) prompt length of the latest compressing pass
     row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
     prompt_ids: torch.Tensor | None = None  # the prompt, for a method scoring after the prefill (KVzip)
@@ -98,22 +98,23 @@ class CacheState:
             raise InputError(f"{self.cfg.method}: layers kept different padding; run batch size 1")
         self.pass_kept = self.kept_mask = mask
 
-    def slot_positions(self, layer_idx: int, rows: int, heads: int, slots: int) -> torch.Tensor:
+    def slot_positions(self, layer_idx: int, rows: int, heads: int, slots: int, device) -> torch.Tensor:
         """``[rows, heads, slots]``: the position (in the padded sequence) each slot of a layer holds now,
         before this pass cuts it: the slots kept by the last cut, then the tokens appended since."""
-        before = self.prompt_slots.get(layer_idx)
-        if before is None:
-            return torch.arange(slots, dtype=torch.int32).expand(rows, heads, slots)
-        held = before[0]
-        appended = torch.arange(self.consumed - (slots - held.shape[-1]), self.consumed, dtype=torch.int32)
+        held = self.prompt_slots.get(layer_idx)
+        if held is None:
+            return torch.arange(slots, dtype=torch.int32, device=device).expand(rows, heads, slots)
+        appended = torch.arange(self.consumed - (slots - held.shape[-1]), self.consumed, dtype=torch.int32,
+                                device=device)
         return torch.cat([held.expand(rows, heads, -1), appended.expand(rows, heads, -1)], dim=-1)
 
     def record_slots(self, layer_idx: int, kept: torch.Tensor, valid: torch.Tensor | None, slots: int) -> None:
-        """Remember which positions a cut layer keeps (``snapkv.kept_positions``), on the CPU as int32 so
-        that nothing of it stays on the device: ``kept`` indexes the layer's ``slots`` slots."""
+        """Remember which positions a cut layer keeps (``snapkv.kept_positions``), as int32 beside the
+        cache (4 bytes a kept position and head: no copy to the host, no sync during the prefill);
+        ``kept`` indexes the layer's ``slots`` slots, ``valid`` marks a head-adaptive layer's real ones."""
         rows, heads = kept.shape[:2]
-        positions = self.slot_positions(layer_idx, rows, heads, slots).gather(-1, kept.cpu().to(torch.int64))
-        self.prompt_slots[layer_idx] = (positions, None if valid is None else valid.cpu())
+        positions = self.slot_positions(layer_idx, rows, heads, slots, kept.device)
+        self.prompt_slots[layer_idx] = positions.gather(-1, kept.to(torch.int64))
         self.prompt_length = self.consumed
         if valid is not None:
             self.head_masks[layer_idx] = valid

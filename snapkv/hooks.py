@@ -97,7 +97,7 @@ class CompressionSession:
         self.compress_later_turns = compress_later_turns
         self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
         self.layers = decoder_layers(model)
-        self._rotary = getattr(getattr(model, "base_model", model), "rotary_emb", None)
+        self._rotary = getattr(self.decoder, "rotary_emb", None)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self.caches: list = []                # of the latest prefill, one per setting
         self._handles: list = []
@@ -109,7 +109,7 @@ class CompressionSession:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def attach(self) -> None:
-        base = getattr(self.model, "base_model", self.model)
+        base = self.decoder
         self._handles.append(base.register_forward_pre_hook(self._before_decoder, with_kwargs=True))
         self._handles.append(base.register_forward_hook(self._after_decoder, with_kwargs=True))
         for layer in self.layers:

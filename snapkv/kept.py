@@ -28,7 +28,8 @@ def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
             length = state.prompt_length if state is not None else layer.keys.shape[-2]
             positions, valid = torch.arange(length, dtype=torch.int32).expand(rows, heads, length), None
         else:
-            positions, valid = slots
+            positions, valid = slots.cpu(), state.head_masks.get(idx)
+            valid = None if valid is None else valid.cpu()
         pads = state.row_pads if state is not None and state.row_pads is not None else torch.zeros(rows)
         per_row = []
         for row in range(rows):

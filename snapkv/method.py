@@ -4,7 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+import torch
+
 from .errors import InputError, check_choice, check_int
+from .select import top_positions
 
 POOLINGS = ("maxpool", "avgpool", "none")
 GQA_MODES = ("mean", "max", "repeat")
@@ -97,8 +100,6 @@ class Method:
         marking each head's real slots (head-adaptive; its other slots hold positions it did not keep and
         are never attended to). Uniform: the top ``budget - window`` earlier positions by ``score``
         (ranked per row on its real tokens) and the last ``window``."""
-        import torch
-        from .select import top_positions
         length = ctx.keys.shape[-2]
         kept = top_positions(self.score(ctx), budget - window, ctx.pad_mask)
         recent = torch.arange(length - window, length, device=kept.device)

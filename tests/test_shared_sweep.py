@@ -161,15 +161,20 @@ def test_missing_group_file_is_one_clear_error(tmp_path):
         task_run("needle")(cfg)
 
 
-def test_the_sweeper_runs_a_multirun_as_one_job_per_group(tmp_path):
+def needle_multirun(tmp_path, *sweeper):
+    """``compressor=full,snapkv compressor.budget=64,128`` as a real needle multirun on the tiny model."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "hydra/sweeper=shared_prefill",
-                           "model=tiny-llama",
+    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", *sweeper, "model=tiny-llama",
                            "compressor=full,snapkv", "compressor.budget=64,128", "compressor.window=8",
                            "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2",
                            f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_the_sweeper_runs_a_multirun_as_one_job_per_group(tmp_path):
+    proc = needle_multirun(tmp_path, "hydra/sweeper=shared_prefill")
     assert "4 jobs -> 1 job(s)" in proc.stdout
     folders = sorted(p.parent.name for p in tmp_path.glob("tiny-llama/*/needle.jsonl"))
     assert folders == ["full", "snapkv-b128-w8-k7-maxpool-mean", "snapkv-b64-w8-k7-maxpool-mean"]
@@ -246,13 +251,7 @@ def test_the_leaderboard_preset_is_one_group_of_every_entry_at_every_ratio_and_f
 def test_a_plain_multirun_runs_full_kv_once_whatever_budgets_it_sweeps(tmp_path):
     """The basic sweeper, as the paper's sweep is usually typed: full's budget is dropped (a note), so its
     jobs are one run in one folder, written once; the other settings run as usual."""
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "eval.needle", "-m", "model=tiny-llama",
-                           "compressor=full,snapkv", "compressor.budget=64,128", "compressor.window=8",
-                           "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2",
-                           f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = needle_multirun(tmp_path)
     assert "compressor=full keeps every token; compressor.budget, compressor.window ignored" in proc.stdout
     folders = sorted(p.parent.name for p in tmp_path.glob("tiny-llama/*/needle.jsonl"))
     assert folders == ["full", "snapkv-b128-w8-k7-maxpool-mean", "snapkv-b64-w8-k7-maxpool-mean"]

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..plotting import save_figure
+from .collect import label_of
 
 FULL = "FullKV"
 PARTIAL = "_partial"  # a board's (method, ratio) cells averaged over fewer than RULER's 13 tasks
@@ -20,12 +21,7 @@ PARTIAL = "_partial"  # a board's (method, ratio) cells averaged over fewer than
 
 def method_name(compressor: dict) -> str:
     """A run's setting without its size: ``SnapKV (window 64, kernel 5, pooling avgpool)``."""
-    import snapkv
-    fields = {k: v for k, v in compressor.items() if k not in ("method", "tag")}
-    cfg = snapkv.build_config(compressor.get("method", "?"), **fields)
-    label = cfg.label()
-    size = f" ratio {cfg.ratio:g}" if cfg.ratio is not None else ""
-    return label.replace(size, "", 1)
+    return label_of(compressor).replace(f" ratio {float(compressor['ratio']):g}", "", 1)
 
 
 def leaderboard_points(runs: list[dict]) -> dict:
