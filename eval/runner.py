@@ -18,6 +18,7 @@ import torch
 import snapkv
 from snapkv.errors import InputError, check_choice
 from snapkv.merge import finish_member, weight_major_linears
+from snapkv.ragged import storage_alternatives
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")  # model.attn_implementation
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -199,6 +200,7 @@ class Generation:
     decode_s: float
     cache_lengths: list[int] = field(default_factory=list)
     kv_cache_bytes: int = 0
+    storage_bytes: dict = field(default_factory=dict)  # head-adaptive: padded_kv_bytes, masked_kv_bytes
 
     @property
     def decode_s_per_token(self) -> float:
@@ -206,7 +208,7 @@ class Generation:
 
 
 def kv_cache_bytes(cache) -> int:
-    """Bytes of keys and values a cache holds."""
+    """Bytes of keys and values a cache holds (a head-adaptive layer's buffers: each head's own slots)."""
     return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
                if getattr(layer, "keys", None) is not None)
 
@@ -292,8 +294,9 @@ class Runner:
             session.caches = []  # so that each cache can be freed once it has decoded
             kv_bytes = [kv_cache_bytes(cache) for cache in caches]
             if decode_repeats:
+                storage = storage_alternatives(caches[0], split)
                 return self._decode_copies(caches.pop(), first_logits, input_ids.shape[1], prefill_s, lengths[0],
-                                           kv_bytes[0], max_new_tokens, decode_repeats)
+                                           kv_bytes[0], max_new_tokens, decode_repeats, storage)
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]
             results = [None] * len(caches)
@@ -321,7 +324,7 @@ class Runner:
         return results
 
     def _decode_copies(self, cache, logits, input_tokens: int, prefill_s: float, lengths, kv_bytes: int,
-                       max_new_tokens: int, repeats: int) -> list[Generation]:
+                       max_new_tokens: int, repeats: int, storage: dict) -> list[Generation]:
         runs = []
         for left in range(repeats - 1, -1, -1):
             this = copy.deepcopy(cache) if left else cache
@@ -329,7 +332,8 @@ class Runner:
             start = time.perf_counter()
             tokens = self._decode(this, logits.clone(), max_new_tokens, set(), 0)
             _sync(self.device)
-            runs.append(Generation(tokens, input_tokens, prefill_s, time.perf_counter() - start, lengths, kv_bytes))
+            runs.append(Generation(tokens, input_tokens, prefill_s, time.perf_counter() - start, lengths, kv_bytes,
+                                   storage))
             del this
         return runs
 

@@ -17,8 +17,8 @@ later turn          True           True        ``begin_pass`` of several tokens 
                                                ``compress_later_turns``: that turn's prompt is cut too
 merged              False          True        ``snapkv.merge_caches``: ``layer_masks`` mark each row's
                                                real slots per layer
-head-adaptive       any            True        a head-adaptive method cut a layer: ``head_masks`` mark each
-                                               head's real slots of that layer (``record_slots``)
+head-adaptive       any            True        a head-adaptive method cut a layer: it is a
+                                               ``snapkv.ragged.RaggedLayer`` (``head_adaptive``)
 ==================  =============  ==========  ==========================================================
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class CacheState:
     siblings: list = field(default_factory=list)  # (cache, state) of the other settings of a shared prefill
     layer_masks: list | None = None     # caches merged into one batch: per layer, [rows, length] real slots
     layer_segments: list | None = None  # ... and per layer, (first row, end row, first real slot) of each member
-    head_masks: dict = field(default_factory=dict)  # head-adaptive layers: layer -> [rows, heads, slots] real slots
+    head_adaptive: bool = False         # a layer holds each head's own slots (snapkv.ragged.RaggedLayer)
     prompt_slots: dict = field(default_factory=dict)  # cut layers: layer -> kept positions, see record_slots
     prompt_length: int = 0              # the (padded) prompt length of the latest compressing pass
     row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
@@ -108,16 +108,14 @@ class CacheState:
                                 device=device)
         return torch.cat([held.expand(rows, heads, -1), appended.expand(rows, heads, -1)], dim=-1)
 
-    def record_slots(self, layer_idx: int, kept: torch.Tensor, valid: torch.Tensor | None, slots: int) -> None:
+    def record_slots(self, layer_idx: int, kept: torch.Tensor, slots: int) -> None:
         """Remember which positions a cut layer keeps (``snapkv.kept_positions``), as int32 beside the
         cache (4 bytes a kept position and head: no copy to the host, no sync during the prefill);
-        ``kept`` indexes the layer's ``slots`` slots, ``valid`` marks a head-adaptive layer's real ones."""
+        ``kept`` indexes the layer's ``slots`` slots."""
         rows, heads = kept.shape[:2]
         positions = self.slot_positions(layer_idx, rows, heads, slots, kept.device)
         self.prompt_slots[layer_idx] = positions.gather(-1, kept.to(torch.int64))
         self.prompt_length = self.consumed
-        if valid is not None:
-            self.head_masks[layer_idx] = valid
 
     def mark_compressed(self, cache) -> None:
         if not self.compressed:

@@ -4,7 +4,7 @@ heads at once, so heads keep different numbers of positions at the same total.
 Each step follows kvpress 0.5.5 (``AdaKVPress.compress``, ``CriticalAdaKVPress.compress``) on one batch
 row: ``scores`` ``[1, heads, n]`` rank every position of the row's prompt, ``n_kept`` is the average per
 head. kvpress masks what it evicts and keeps it in memory; here the kept positions are returned and the
-cache stores only those, padded to the layer's longest head (``pack``).
+cache stores only those, each head's own (``snapkv.ragged``).
 """
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ def per_row_keep(scores: torch.Tensor, pad_mask: torch.Tensor | None, keep_row) 
 
 def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``keep`` ``[b, heads, n]`` to ``(kept, valid)`` ``[b, heads, longest]``: each head's kept positions
-    ascending, then (``valid`` False) positions it did not keep, which are stored but never attended to."""
+    ascending, then (``valid`` False) positions it did not keep (the cache stores the valid ones only,
+    ``snapkv.ragged.pack_heads``)."""
     counts = keep.sum(dim=-1)
     longest = int(counts.max())
     order = torch.sort((~keep).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
@@ -153,13 +154,6 @@ class HeadAdaptiveMethod(Method):
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         # the scorer's window must fit before the prompt's end (kvpress asserts it): else keep all
         return length if length <= self.window else self.budget_for(length)
-
-    def stored_tokens(self, layer_idx: int, num_layers: int, length: int, heads: int) -> int:
-        """The longest head's most (a layer is stored padded to it): the layer's total less every other
-        head's safeguard. An upper bound; what a prompt stores is ``kv_cache_bytes`` of its cache."""
-        n_kept = self.layer_budget(layer_idx, num_layers, length)
-        safe = max(1, int(n_kept * self.alpha_safeguard)) if self.alpha_safeguard > 0 else 0
-        return min(length, n_kept * heads - (heads - 1) * safe)
 
     def scorer_config(self) -> Method:
         from .method import build_config

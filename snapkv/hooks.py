@@ -31,9 +31,9 @@ from .architectures import check_supported, decoder_layers, window_queries
 from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
 from .method import Method
+from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
-                                       filled_layer, kv_groups_for, takes_ragged_attention,
-                                       use_ragged_attention)
+                                       filled_layer, kv_groups_for, route_attention, takes_ragged_attention)
 
 
 @dataclass
@@ -102,6 +102,7 @@ class CompressionSession:
         self.caches: list = []                # of the latest prefill, one per setting
         self._handles: list = []
         self._groups = {}
+        self._attention = model.config._attn_implementation  # restored after a call routed elsewhere
         # a method scoring every query (H2O) reads the prompt's query projection as the module made it
         self._keeps_projections = any(one.reads_every_query for one in cfgs)
         self._projections: dict = {}
@@ -130,8 +131,8 @@ class CompressionSession:
         self._projections.clear()
         for attn, groups in self._groups.items():
             attn.num_key_value_groups = groups
-            if attn.config._attn_implementation == RAGGED_ATTENTION:  # a merged decode that raised midway
-                use_ragged_attention(attn, False)
+            if attn.config._attn_implementation in (RAGGED_ATTENTION, HEADWISE_ATTENTION):  # raised midway
+                route_attention(attn, self._attention)
         if self._generate is not None:
             del self.model.generate  # the class method is back
             self._generate = None
@@ -173,7 +174,7 @@ class CompressionSession:
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
             raise InputError("attention_mask: a 4-D mask cannot follow a compressed cache; pass the 2-D padding mask")
-        if self.compress_later_turns and q_len > 1 and state.head_masks:
+        if self.compress_later_turns and q_len > 1 and state.head_adaptive:
             raise InputError(f"{state.cfg.method}: a head-adaptive cache cannot compress a later turn "
                              "(compress_later_turns=False appends it as it is)")
         positions, kwargs["attention_mask"] = state.begin_pass(q_len, self.compress_later_turns)
@@ -278,32 +279,32 @@ class CompressionSession:
         state = state_of(cache)
         if state is None or not state.compressed or state.in_prefill:
             return None
+        layer = cache.layers[module.layer_idx]
+        if isinstance(layer, RaggedLayer):  # each head over its own slots, whatever the attention; undone after
+            route_attention(module, HEADWISE_ATTENTION)
+            kwargs["attention_mask"] = None
+            kwargs["snapkv_layer"], kwargs["snapkv_kernel"] = layer, self._attention
+            return args, kwargs
         if module.config._attn_implementation == "flash_attention_2":
-            if state.head_masks:
-                raise InputError(f"{state.cfg.method}: a head-adaptive cache needs a per-head mask, which "
-                                 "flash_attention_2 does not take; use attn_implementation=sdpa or eager")
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
         ragged = state.layer_segments is not None and state.query_len == 1 and takes_ragged_attention(module.config)
         if ragged:  # merged caches: each member over its own slots, undone in _after_attention
-            use_ragged_attention(module, True)
+            route_attention(module, RAGGED_ATTENTION)
             kwargs["attention_mask"] = None
             kwargs["snapkv_segments"] = state.layer_segments[module.layer_idx]
             return args, kwargs
         # The model sized its mask for one layer; layers hold different lengths (PyramidKV, later
         # turns), so each layer gets its own: none for one new token without kept padding.
-        if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None \
-                and module.layer_idx not in state.head_masks:
+        if state.query_len == 1 and state.kept_mask is None and state.layer_masks is None:
             kwargs["attention_mask"] = None
         else:
-            kwargs["attention_mask"] = self._continuation_mask(state, cache.layers[module.layer_idx], kwargs,
-                                                               module.layer_idx, module.num_key_value_groups)
+            kwargs["attention_mask"] = self._continuation_mask(state, layer, kwargs, module.layer_idx)
         return args, kwargs
 
     @staticmethod
-    def _continuation_mask(state: CacheState, layer, kwargs, layer_idx: int, groups: int) -> torch.Tensor:
+    def _continuation_mask(state: CacheState, layer, kwargs, layer_idx: int) -> torch.Tensor:
         """``[b, 1, q, L + q]`` additive mask for ``q`` new tokens after a layer holding ``L``: every
-        kept token visible (but kept padding, and the padding of merged caches), causal among the new ones.
-        A head-adaptive layer gets ``[b, H, q, L + q]``: each query head sees its KV head's own slots."""
+        kept token visible (but kept padding, and the padding of merged caches), causal among the new ones."""
         hidden = kwargs["hidden_states"]
         q, length = state.query_len, layer.keys.shape[-2]
         visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
@@ -313,13 +314,7 @@ class CompressionSession:
         if state.layer_masks is not None:
             merged = state.layer_masks[layer_idx]  # the slots tokens decoded since the merge follow are real
             visible[:, :, :merged.shape[1]] &= merged[:, None, :]
-        own = state.head_masks.get(layer_idx)
-        if own is not None:  # the slots kept per KV head, and every token appended since
-            own = own.repeat_interleave(groups, dim=1)
-            visible = visible[:, None].repeat(1, own.shape[1], 1, 1)
-            visible[..., :own.shape[-1]] &= own[:, :, None, :]
-        else:
-            visible = visible[:, None]
+        visible = visible[:, None]
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)
 
@@ -331,8 +326,8 @@ class CompressionSession:
 
     def _after_attention(self, module, args, kwargs, output):
         projected = self._projections.pop(module, None)
-        if "snapkv_segments" in kwargs:
-            use_ragged_attention(module, False)
+        if "snapkv_segments" in kwargs or "snapkv_layer" in kwargs:
+            route_attention(module, self._attention)
         cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
         if state is None or not state.in_prefill:
@@ -372,6 +367,16 @@ class CompressionSession:
         """Keep the positions ``kept`` (``valid``: which slots each head really keeps) of a layer holding
         ``keys``/``values`` as that cache's layer, and record what was kept."""
         length, kv_heads = keys.shape[-2], keys.shape[1]
+        if valid is not None:  # head-adaptive: each head's own slots, packed
+            rows = kept.shape[0]
+            with torch.no_grad():
+                held = state.slot_positions(idx, rows, kv_heads, length, kept.device).gather(-1, kept.to(torch.int64))
+                cache.layers[idx] = RaggedLayer(*pack_heads(keys, values, kept, valid, held))
+            state.head_adaptive = True
+            state.prompt_length = state.consumed
+            state.record_layer(idx, budget)
+            state.mark_compressed(cache)
+            return
         with torch.no_grad():
             if kept.shape[1] != kv_heads:  # gqa="repeat": one selection per query head
                 keys = keys.repeat_interleave(groups, dim=1)
@@ -385,9 +390,8 @@ class CompressionSession:
             current.keys, current.values = new_keys, new_values
         else:
             cache.layers[idx] = filled_layer(new_keys, new_values)
-        if valid is None:
-            state.record_kept(kept)
-        state.record_slots(idx, kept, valid, length)
+        state.record_kept(kept)
+        state.record_slots(idx, kept, length)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
 

@@ -5,6 +5,7 @@ import torch
 
 from .cache_state import state_of
 from .errors import InputError
+from .ragged import RaggedLayer
 
 
 def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
@@ -22,25 +23,20 @@ def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
                          "read each cache's kept positions before merging")
     layers = []
     for idx, layer in enumerate(cache.layers):
-        rows, heads = layer.keys.shape[:2]
-        slots = state.prompt_slots.get(idx) if state is not None else None
-        if slots is None:
-            length = state.prompt_length if state is not None else layer.keys.shape[-2]
-            positions, valid = torch.arange(length, dtype=torch.int32).expand(rows, heads, length), None
-        else:
-            positions, valid = slots.cpu(), state.head_masks.get(idx)
-            valid = None if valid is None else valid.cpu()
+        rows, heads = layer.keys.shape[0], getattr(layer, "kv_heads", layer.keys.shape[1])
         pads = state.row_pads if state is not None and state.row_pads is not None else torch.zeros(rows)
+        if isinstance(layer, RaggedLayer):
+            listed = layer.kept_positions()
+        else:
+            slots = state.prompt_slots.get(idx) if state is not None else None
+            if slots is None:
+                length = state.prompt_length if state is not None else layer.keys.shape[-2]
+                slots = torch.arange(length, dtype=torch.int32).expand(rows, heads, length)
+            slots = slots.cpu()
+            listed = [[slots[row, head] for head in range(heads)] for row in range(rows)]
         per_row = []
-        for row in range(rows):
+        for row, per_head in enumerate(listed):
             pad = int(pads[row])
-            per_head = []
-            for head in range(heads):
-                here = positions[row, head]
-                real = here >= pad
-                if valid is not None:
-                    real &= valid[row, head]
-                per_head.append((here[real] - pad).to(torch.long).sort().values)
-            per_row.append(per_head)
+            per_row.append([(here[here >= pad] - pad).to(torch.long).sort().values for here in per_head])
         layers.append(per_row)
     return layers

@@ -151,8 +151,14 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
         or compressor.scores_after_prefill else \
         after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n) + one_layer_full
     weights = s.parameters() * n
-    decode_cache = after_prefill + kv_bytes(s, [decode_tokens] * s.layers, heads if compresses else s.kv_heads,
+    appended = decode_tokens
+    if compresses and compressor.head_adaptive and decode_tokens:  # ragged layers append into doubling room
+        from .ragged import room_after
+        appended = room_after(decode_tokens)
+    decode_cache = after_prefill + kv_bytes(s, [appended] * s.layers, heads if compresses else s.kv_heads,
                                             batch, n)
+    if appended != decode_tokens:  # the room's last doubling: one layer's old buffer beside its new one
+        decode_cache += kv_bytes(s, [max(kept) + appended // 2], heads, batch, n)
     prefill_peak = weights + held + transient
     decode_peak = weights + decode_cache + batch * s.vocab * 4 + 4 * batch * s.hidden * n
     return {"weights_bytes": weights, "kv_cache_bytes": after_prefill, "prefill_kv_held_bytes": held,

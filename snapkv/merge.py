@@ -71,7 +71,7 @@ def layout(cache) -> tuple:
     ``gqa="repeat"`` layer holds one KV head per query head). A head-adaptive cache is a layout of its
     own: it decodes alone."""
     state = state_of(cache)
-    if state is not None and state.head_masks:
+    if state is not None and state.head_adaptive:
         return ("head-adaptive", id(cache))
     return tuple((type(layer).__name__, layer.keys.shape[1]) for layer in cache.layers)
 
@@ -122,7 +122,7 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     states = [state_of(cache) for cache in caches]
     if not caches or any(state is None for state in states):
         raise InputError("caches: merge caches left by a prefill inside snapkv.compress")
-    if any(state.head_masks for state in states):
+    if any(state.head_adaptive for state in states):
         raise InputError("caches: a head-adaptive cache (adakv, critical_adakv, kvzip) holds a different number of "
                          "positions per head and decodes alone; merge uniform caches only")
     if len({state.consumed for state in states}) > 1:

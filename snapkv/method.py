@@ -90,8 +90,8 @@ class Method:
         return self.window
 
     def stored_tokens(self, layer_idx: int, num_layers: int, length: int, heads: int) -> int:
-        """Slots per head a layer stores (for the memory planner): its budget, or for a head-adaptive
-        method the most any head may keep, since a layer is stored padded to its longest head."""
+        """Slots per head a layer stores (for the memory planner): its budget. A head-adaptive layer
+        stores each head's own slots packed (``snapkv.ragged``), ``heads x`` the average per head."""
         return min(length, self.layer_budget(layer_idx, num_layers, length))
 
     def select(self, ctx, budget: int, window: int):

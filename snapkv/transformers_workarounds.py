@@ -122,13 +122,16 @@ def takes_ragged_attention(config) -> bool:
     return config._attn_implementation in ("sdpa", RAGGED_ATTENTION)
 
 
-def use_ragged_attention(module, on: bool) -> None:
-    """Route ``module``'s attention through ``ragged_attention`` (on) or back to sdpa. transformers
-    picks the attention function from the model config at each call, so the config's name is switched
-    around the module's call; the function passes any call without segments on to sdpa unchanged."""
+def route_attention(module, name: str) -> None:
+    """Route ``module``'s attention through the function registered as ``name`` (``ragged_attention``,
+    ``snapkv.ragged.headwise_attention``, or the model's own to switch back). transformers picks the
+    attention function from the model config at each call, so the config's name is switched around the
+    module's call."""
     from transformers import AttentionInterface
-    if RAGGED_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
-    name = RAGGED_ATTENTION if on else "sdpa"
+
+    from .ragged import HEADWISE_ATTENTION, headwise_attention
+    for registered, function in ((RAGGED_ATTENTION, ragged_attention), (HEADWISE_ATTENTION, headwise_attention)):
+        if registered not in AttentionInterface._global_mapping:
+            AttentionInterface.register(registered, function)
     if module.config._attn_implementation != name:
         module.config._attn_implementation = name

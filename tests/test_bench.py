@@ -30,6 +30,20 @@ def test_bench_app_rows_table_and_figure(tmp_path):
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == len(data)
 
 
+def test_head_adaptive_rows_are_compared_with_snapkv_at_their_budget(tmp_path):
+    from eval.bench.__main__ import run
+    overrides = ["model=tiny-llama", "compressor.window=8", "bench.lengths=[256]", "bench.budgets=[64]",
+                 "bench.decode_tokens=3", "bench.repeats=3", "bench.fresh_process=false",
+                 "bench.methods=[snapkv,adakv]", f"output_dir={tmp_path}"]
+    rows = {r["method"]: r for r in run(compose("bench", overrides))}
+    ada, snap, full = rows["adakv"], rows["snapkv"], rows["full"]
+    assert ada["kv_cache_bytes"] == snap["kv_cache_bytes"] == ada["predicted_kv_cache_bytes"]
+    assert ada["kv_cache_bytes"] < ada["padded_kv_bytes"] < ada["masked_kv_bytes"] == full["kv_cache_bytes"]
+    assert "padded_kv_bytes" not in snap
+    table = (tmp_path / "bench.md").read_text()
+    assert "## Head-adaptive caches against SnapKV" in table and "| 1 | 256 | adakv-64 | " in table
+
+
 def test_a_batch_decodes_each_row_as_alone():
     from eval.runner import Runner
     model = tiny_model("llama-gqa")
@@ -208,7 +222,7 @@ def test_a_cpu_probe_stops_as_soon_as_it_passes_the_cap():
     assert cap < row["peak_bytes"] < 128 * 2**20
 
 
-@pytest.mark.parametrize("method", ["full", "snapkv", "h2o"])
+@pytest.mark.parametrize("method", ["full", "snapkv", "h2o", "adakv"])
 def test_the_planner_follows_a_measured_cpu_peak(method):
     """The planner against a fresh worker's peak resident memory above the model (tiny-llama-32l):
     the worker's fixed mmap threshold makes resident memory follow live tensors (with glibc's

@@ -4,6 +4,7 @@ import torch
 from transformers import DynamicCache
 
 import snapkv
+from snapkv.ragged import RaggedLayer
 from method_settings import COMPRESSING, small
 from tiny_models import ARCHITECTURES, tiny_model
 
@@ -30,7 +31,7 @@ def test_cache_length_per_layer_after_prefill(arch, method):
         expected = [min(150, cfg.layer_budget(i, n, 150)) for i in range(n)]
         heads = model.config.num_attention_heads if cfg.gqa == "repeat" else model.config.num_key_value_heads
         kept = snapkv.kept_positions(out.cache)
-        stored = [l.keys.shape[2] for l in out.cache.layers]
+        stored = [slots_held(l) for l in out.cache.layers]
         if cfg.scores_after_prefill:  # KVzip: budgets across layers, each layer its own total
             counts = [sum(len(p) for p in layer[0]) for layer in kept]
             assert sum(counts) == n * heads * cfg.budget_for(150) and len(set(counts)) > 1
@@ -38,14 +39,23 @@ def test_cache_length_per_layer_after_prefill(arch, method):
         assert session.cache_lengths == expected
         for layer, length, positions in zip(out.cache.layers, expected, kept):
             counts = [len(p) for p in positions[0]]
-            assert layer.keys.shape[1] == heads == len(counts)
+            assert getattr(layer, "kv_heads", layer.keys.shape[1]) == heads == len(counts)
             if not cfg.scores_after_prefill:  # head-adaptive: the same total, per head its own count
                 assert sum(counts) == heads * length
-            assert layer.keys.shape[2] == (max(counts) if cfg.head_adaptive else length)
+            assert slots_held(layer) == sum(counts)  # a head-adaptive layer: no padding to its longest head
             assert all(len(set(p.tolist())) == len(p) and p.max() < 150 for p in positions[0])
         step = model(ids[:, -1:], cache=out.cache, use_cache=True)
         assert torch.isfinite(step.logits).all()
-        assert [l.keys.shape[2] for l in out.cache.layers] == [s + 1 for s in stored]
+        assert [slots_held(l) for l in out.cache.layers] == [s + heads for s in stored]
+
+
+def slots_held(layer) -> int:
+    """Key slots a layer holds over all its heads (a ragged layer: each head's prompt slots and the tokens
+    appended to every head since)."""
+    if isinstance(layer, RaggedLayer):
+        return sum(end - start for row in range(layer.keys.shape[0])
+                   for start, end in (layer.segment(row, head) for head in range(layer.kv_heads)))
+    return layer.keys.shape[1] * layer.keys.shape[2]
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

@@ -1,5 +1,6 @@
-"""Head-adaptive budgets (AdaKV, CriticalAdaKV): the allocation on hand-made scores, storage per head
-with padding never attended to, and what the planner and ``kv_cache_bytes`` report."""
+"""Head-adaptive budgets (AdaKV, CriticalAdaKV): the allocation on hand-made scores, ragged storage (each
+head's own slots, attended per head) against attention over full KV with the evicted keys masked per
+head, and what the planner and ``kv_cache_bytes`` report."""
 import pytest
 import torch
 from transformers import DynamicCache
@@ -8,6 +9,7 @@ import snapkv
 from eval.runner import kv_cache_bytes
 from snapkv.head_budgets import adakv_keep, authors_keep, pack
 from snapkv.memory import plan
+from snapkv.ragged import RaggedLayer
 from tiny_models import tiny_model
 
 
@@ -35,22 +37,22 @@ def test_the_authors_allocation_scales_each_heads_share_above_its_floor():
                                     snapkv.AdaKV(budget=40, window=8, allocation="authors"),
                                     snapkv.AdaKV(budget=40, window=8, scorer="knorm")])
 def test_a_head_adaptive_cache_decodes_as_attention_over_each_heads_kept_keys(attn, method):
-    """Stored per head (padded to the longest head, the padding never attended to): every step's logits
-    equal attention over the full cache with every evicted key masked per head, as kvpress runs it."""
+    """Stored ragged (each head's own slots, nothing padded): every step's logits equal attention over the
+    full cache with every evicted key masked per head, as kvpress runs it."""
     model = tiny_model("llama-gqa", attn=attn)
     ids = torch.randint(0, 128, (1, 160), generator=torch.Generator().manual_seed(2))
-    forced = [5, 17, 99, 3]
+    forced = [5, 17, 99, 3] * 5  # past the first room of 16 tokens a head: its doubling is decoded through
     with snapkv.compress(model, method) as session, torch.no_grad():
         cache = DynamicCache(config=model.config)
         model(ids, cache=cache, use_cache=True)
         kept = snapkv.kept_positions(cache)
-        stored = [layer.keys.shape[2] for layer in cache.layers]
+        stored = [(type(layer), layer.keys.shape[1]) for layer in cache.layers]
         ours = [model(torch.tensor([[t]]), cache=cache, use_cache=True).logits[0, -1] for t in forced]
     assert session.cache_lengths == [40] * 3
     counts = [[len(h) for h in layer[0]] for layer in kept]
     rounding = 2 if getattr(method, "allocation", "kvpress") == "authors" else 0  # the authors' round() per head
     assert any(len(set(c)) > 1 for c in counts) and all(abs(sum(c) - 2 * 40) <= rounding for c in counts)
-    assert stored == [max(c) for c in counts]
+    assert stored == [(RaggedLayer, sum(c)) for c in counts]
     # the reference: full KV, each head's evicted keys masked in every layer
     full = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -67,6 +69,46 @@ def test_a_head_adaptive_cache_decodes_as_attention_over_each_heads_kept_keys(at
             reference.append(_masked_step(model, full, token, 160 + step, masks))
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_the_folded_path_of_accelerators_equals_the_per_head_path(monkeypatch, attn):
+    """One product per row over its whole buffer with the other heads' slots masked (taken on an
+    accelerator) gives the logits of one attention call per head (a CPU's), over a left-padded batch
+    whose rows keep different totals, past a doubling of the room."""
+    from snapkv import ragged
+    model = tiny_model("llama-gqa", attn=attn)
+    rows = [torch.randint(1, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in (150, 30)]
+    ids = torch.zeros(2, 150, dtype=torch.long)
+    mask = torch.zeros(2, 150, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, 150 - len(r):], mask[i, 150 - len(r):] = r, 1
+    steps = torch.randint(1, 128, (2, 20), generator=torch.Generator().manual_seed(3))
+
+    def decode():
+        with snapkv.compress(model, snapkv.AdaKV(budget=40, window=8)), torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=cache)
+            totals = {tuple(sum(c) for c in layer.prompt_counts) for layer in cache.layers}
+            return torch.stack([model(steps[:, t:t + 1], cache=cache).logits[:, -1] for t in range(20)]), totals
+    per_head, totals = decode()
+    assert any(len(set(t)) > 1 for t in totals)  # the shorter row keeps fewer slots: unused ones at its end
+    monkeypatch.setattr(ragged, "folds", lambda query: query.shape[2] == 1)
+    folded, _ = decode()
+    torch.testing.assert_close(folded, per_head, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ragged_layer_selects_and_repeats_rows_with_their_segments():
+    counts = torch.tensor([[2, 1], [1, 3]])
+    keys = torch.arange(2 * 4 * 1, dtype=torch.float32).view(2, 4, 1)
+    layer = RaggedLayer(keys, keys.clone(), counts, torch.tensor([[5, 9, 2, 0], [7, 1, 4, 8]], dtype=torch.int32))
+    layer.update(torch.full((2, 2, 1, 1), -1.0), torch.full((2, 2, 1, 1), -1.0))
+    layer.batch_select_indices(torch.tensor([1]))
+    assert layer.prompt_counts == [[1, 3]] and [p.tolist() for p in layer.kept_positions()[0]] == [[7], [1, 4, 8]]
+    assert [layer.keys[0, s:e, 0].tolist() for s, e in (layer.segment(0, 0), layer.segment(0, 1))] == \
+        [[4.0, -1.0], [5.0, 6.0, 7.0, -1.0]]
+    layer.batch_repeat_interleave(2)
+    assert layer.prompt_counts == [[1, 3]] * 2 and torch.equal(layer.keys[0], layer.keys[1])
 
 
 def _masked_step(model, cache, token, position, masks):
@@ -138,11 +180,15 @@ def test_kv_cache_bytes_and_the_plan_count_what_a_head_adaptive_cache_stores():
     with snapkv.compress(model, cfg), torch.no_grad():
         cache = DynamicCache(config=model.config)
         model(ids, cache=cache, use_cache=True)
-    stored = sum(layer.keys.shape[2] for layer in cache.layers)
-    assert kv_cache_bytes(cache) == stored * 2 * 2 * 16 * 4  # K and V, 2 KV heads, head_dim 16, float32
-    planned = plan(model.config, 160, cfg, dtype="float32")["kv_cache_bytes"]
-    bound = 3 * min(160, 2 * 40 - int(40 * 0.2)) * 2 * 2 * 16 * 4
-    assert kv_cache_bytes(cache) <= planned == bound
+        assert [layer.keys.shape[1] for layer in cache.layers] == [2 * 40] * 3  # 2 KV heads x 40 a head
+        assert kv_cache_bytes(cache) == 3 * 2 * 40 * 2 * 16 * 4  # 3 layers, K and V, head_dim 16, float32
+        assert plan(model.config, 160, cfg, dtype="float32")["kv_cache_bytes"] == kv_cache_bytes(cache)
+        # what the layers would hold padded to their longest head
+        assert sum(layer.padded_bytes() for layer in cache.layers) > kv_cache_bytes(cache)
+        prompt_bytes = kv_cache_bytes(cache)
+        for token in (5, 6):  # appended to every head, into room for 16 tokens a head
+            model(torch.tensor([[token]]), cache=cache, use_cache=True)
+    assert kv_cache_bytes(cache) - prompt_bytes == 3 * 2 * 16 * 2 * 16 * 4
 
 
 def test_head_adaptive_refusals_are_one_line():

@@ -13,7 +13,7 @@ from ..hydra_app import compressor_fields, output_dir, resolve_device, run_guard
 from ..jsonl import append_record, read_records, write_json_atomic
 from ..settings import claim, fingerprint
 from ..runner import model_architecture
-from .tables import figure, markdown
+from .tables import figure, head_adaptive_markdown, markdown
 
 
 def specs_of(cfg) -> list[dict]:
@@ -196,6 +196,9 @@ def run(cfg: DictConfig):
     _add_predictions(cfg, rows)
     write_json_atomic(out / "bench.json", rows)
     table = markdown(rows)
+    head_adaptive = head_adaptive_markdown(rows)
+    if head_adaptive:
+        table += "\n" + head_adaptive
     (out / "bench.md").write_text(f"# {cfg.model.name} on {device}\n\n{table}", encoding="utf-8")
     figure(rows, out / "decode_latency.png", f"{cfg.model.name} on {device}: decoding latency")
     print(table)

@@ -172,7 +172,7 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
         peak = torch.cuda.max_memory_allocated() if cuda else _cpu_rss("VmHWM")
         row.update(prefill_s=statistics.median(prefill), decode_s_per_token=statistics.median(decode),
                    peak_memory_bytes=int(peak), peak_above_model_bytes=int(peak - base),
-                   kv_cache_bytes=out.kv_cache_bytes, cache_lengths=out.cache_lengths)
+                   kv_cache_bytes=out.kv_cache_bytes, cache_lengths=out.cache_lengths, **out.storage_bytes)
     except Exception as exc:
         if not is_oom(exc):
             raise

@@ -23,6 +23,10 @@ def _ratio(a, b):
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+def _share(a, b) -> str:
+    return "-" if not a or not b else f"{a / b:.3f}"
+
+
 def _error(planned, measured) -> str:
     """The planner's relative error against the measurement."""
     return "-" if not planned or not measured or measured <= 0 else f"{(planned - measured) / measured:+.1%}"
@@ -53,6 +57,33 @@ def markdown(rows: list[dict]) -> str:
             f"{_ratio(base.get('kv_cache_bytes'), r['kv_cache_bytes'])} | "
             f"{'OOM' if r['oom'] else 'killed' if r.get('killed') else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def head_adaptive_markdown(rows: list[dict]) -> str:
+    """Head-adaptive rows (ragged caches: ``padded_kv_bytes`` recorded) against SnapKV at the same batch,
+    input length and budget: what the ragged cache holds, what it would hold padded to its longest head
+    and masked as kvpress keeps it, and its decoding time and peak as ratios to SnapKV's (one run)."""
+    snap = {(r["batch"], r["input_tokens"], r["budget"]): r for r in rows if r["method"] == "snapkv" and not r["oom"]}
+    ours = [r for r in rows if r.get("padded_kv_bytes") and (r["batch"], r["input_tokens"], r["budget"]) in snap]
+    if not ours:
+        return ""
+    lines = ["| batch | input tokens | method | KV MiB | KV / SnapKV | padded to longest head MiB | "
+             "masked (kvpress) MiB | decode ms/token | decode / SnapKV | peak above model MiB | peak / SnapKV | "
+             "planner error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(ours, key=lambda r: (r["batch"], r["input_tokens"], label(r))):
+        base = snap[(r["batch"], r["input_tokens"], r["budget"])]
+        lines.append(
+            f"| {r['batch']} | {r['input_tokens']} | {label(r)} | {_mib(r['kv_cache_bytes'])} | "
+            f"{_share(r['kv_cache_bytes'], base['kv_cache_bytes'])} | {_mib(r['padded_kv_bytes'])} | "
+            f"{_mib(r['masked_kv_bytes'])} | {r['decode_s_per_token'] * 1000:.1f} | "
+            f"{_share(r['decode_s_per_token'], base['decode_s_per_token'])} | {_mib(r.get('peak_above_model_bytes'))} | "
+            f"{_share(r.get('peak_above_model_bytes'), base.get('peak_above_model_bytes'))} | "
+            f"{_error(r.get('predicted_peak_above_model_bytes'), r.get('peak_above_model_bytes'))} |")
+    return ("## Head-adaptive caches against SnapKV\n\nRatios to SnapKV at the same budget (this / SnapKV). "
+            "A head-adaptive cache stores each head's own kept positions (ragged); the padded and masked "
+            "columns are what the same selection would hold padded to each layer's longest head, and kept whole "
+            "with the evicted keys masked (kvpress).\n\n" + "\n".join(lines) + "\n")
 
 
 def figure(rows: list[dict], path: Path, title: str) -> list[Path]:

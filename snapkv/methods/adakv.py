@@ -6,8 +6,7 @@ As kvpress 0.5.5 ``AdaKVPress(SnapKVPress())`` runs it by default (``snapkv.head
 is kvpress's SnapKV (the window's attention averaged over its queries, average pooling of ``kernel``,
 averaged over each KV group, the window itself always kept); ``scorer=`` takes any method that scores
 positions instead. kvpress keeps every key and masks the evicted ones; here each head stores only what
-it keeps, the layer padded to its longest head (the padding is never attended to), so
-``kv_cache_bytes`` is what is held.
+it keeps (``snapkv.ragged``: no padding to the longest head), so ``kv_cache_bytes`` is what is held.
 
 ``allocation="authors"`` allocates as the authors' code (FFY0/AdaKV ``adaptive_snapkv``) does: the
 window is kept on top of ``budget - window`` earlier positions per head on average; each head's count

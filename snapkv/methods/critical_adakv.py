@@ -6,7 +6,7 @@ As kvpress 0.5.5 ``CriticalAdaKVPress(SnapKVPress())`` runs it (``snapkv.head_bu
 defaults ``epsilon=1e-4`` and ``first_stage_ratio=0.5``: AdaKV's safeguard; each head's budget from one
 top-k across heads; a first stage keeping each head's top ``first_stage_ratio`` of its budget by the
 scorer; a second by ``(score + epsilon) * ||v W_O||_1``; the bottom-k across heads evicted. Stored as
-AdaKV stores it (each head's kept positions, the layer padded to its longest head). kvpress sums the
+AdaKV stores it (each head's kept positions only, ``snapkv.ragged``). kvpress sums the
 heads' budgets over the batch; here each batch row has its own (equal at batch 1, its protocol).
 """
 from __future__ import annotations

@@ -7,8 +7,8 @@ budgets across layers, no KVzip+ normalization): after the prefill, the replay p
 over all layers are evicted, so layers and heads keep different counts (``layerwise=true``: the same
 count per layer). The first prompt positions after the sinks that the chat template puts before the
 user's text are never replayed and score 0, as in kvpress. Every layer's full KV stays until the replay
-is done (the method needs it, as kvpress's does); then each layer stores only what its heads keep, padded
-to its longest head (kvpress masks instead). The replay is shared by every KVzip ratio of a prefill.
+is done (the method needs it, as kvpress's does); then each layer stores only what its heads keep, each
+head its own (``snapkv.ragged``; kvpress masks instead). The replay is shared by every KVzip ratio of a prefill.
 Batch size 1; the tokenizer is the model's (``snapkv.compress(..., tokenizer=)``, or loaded from
 ``model.config.name_or_path`` as kvpress does).
 

@@ -1,0 +1,248 @@
+"""Ragged storage for head-adaptive caches (AdaKV, CriticalAdaKV, KVzip): each KV head holds only the
+positions it kept, and attention reads only those.
+
+Layout of one layer (``RaggedLayer``): per batch row, one buffer ``[capacity, head_dim]`` of keys (and
+one of values) in which each KV head owns a contiguous segment: the prompt positions it kept
+(ascending), then the tokens appended after the cut (decoded tokens, a later turn such as the question
+of ``query_aware=false``), which every head keeps, then room for more. ``keys``/``values`` are these
+buffers, ``[rows, capacity, head_dim]``; ``prompt_counts[row][head]`` says how many prompt slots a
+segment holds and ``positions`` ``[rows, slots]`` (int32) which prompt position each holds, head after
+head (``snapkv.kept_positions``). A row keeping fewer slots in all than the batch's longest row ends
+with unused slots.
+
+The buffers are cut exactly at the prefill (``kv_heads x`` the average a head keeps: AdaKV keeps exactly
+``kv_heads * budget`` a row, so the bytes equal a uniform method's at the same average budget, and the
+index equals a uniform cache's 4 bytes a slot). The first appended token gives each head room for 16
+tokens; when the room runs out it doubles (the layer is copied once into the larger buffer), so a
+decoding step writes its token in place and never copies the layer, where transformers' own layer
+concatenates its whole cache at every step.
+
+Attention (``headwise_attention``) reads each head's segment as a view, with no copy and no padding:
+
+- on a CPU, and for any pass of several tokens: one attention call per row and KV head over its segment
+  (its query heads together), with torch's sdpa kernel, or the eager arithmetic (float32 softmax) for a
+  model loaded with ``attn_implementation="eager"``;
+- on an accelerator, one token a row: every query head of a row against the row's whole buffer in one
+  product, the slots outside its head's segment masked (``kv_heads`` times the scores a per-head product
+  computes, a few MFLOP, in a handful of kernels instead of a launch per head).
+
+A model loaded with ``flash_attention_2`` runs the same paths (its kernels take one key length per head
+group, which a ragged layer does not have).
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+HEADWISE_ATTENTION = "snapkv_headwise"
+FIRST_ROOM = 16  # tokens of room each head gets at the first appended token
+
+
+def room_after(tokens: int) -> int:
+    """The room each head's segment has after ``tokens`` tokens were appended one at a time (the memory
+    planner's decoding term)."""
+    room = 0
+    for filled in range(tokens):
+        if filled + 1 > room:
+            room = max(FIRST_ROOM, 2 * (filled + 1))
+    return room
+
+
+def pack_heads(keys: torch.Tensor, values: torch.Tensor, kept: torch.Tensor, valid: torch.Tensor,
+               held: torch.Tensor | None = None):
+    """``keys``/``values`` ``[rows, heads, length, d]`` and a head-adaptive selection (``kept`` ``[rows,
+    heads, n]`` slots, each head's ``valid`` ones first; ``held``: the prompt position of each, default
+    ``kept``) to ``(keys, values, counts, positions)`` of a ``RaggedLayer``: gathered straight from the
+    layer, never through a copy padded to the longest head."""
+    rows, heads, length, d = keys.shape
+    flat_valid = valid.reshape(rows, -1)
+    slots = int(flat_valid.sum(dim=1).max())
+    # head-major order, each head's kept positions in order: the valid entries, first, stably
+    order = torch.sort((~flat_valid).to(torch.uint8), dim=1, stable=True).indices[:, :slots]
+    head = torch.div(order, kept.shape[-1], rounding_mode="floor")
+    slot = kept.reshape(rows, -1).to(torch.int64).gather(1, order)
+    position = slot if held is None else held.reshape(rows, -1).gather(1, order)
+    index = (head * length + slot)[..., None].expand(-1, -1, d)
+    packed_keys = keys.reshape(rows, heads * length, d).gather(1, index)
+    packed_values = values.reshape(rows, heads * length, d).gather(1, index)
+    return packed_keys, packed_values, valid.sum(dim=-1), position.to(torch.int32)
+
+
+class RaggedLayer(DynamicLayer):
+    """One layer of a head-adaptive cache: per row, each KV head's kept prompt slots and the tokens
+    appended since, in a segment of its own. See the module's docstring."""
+
+    snapkv_layer = True  # a layer the compression hooks accept in a cache
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: torch.Tensor, positions: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values, self.positions = keys, values, positions
+        self.prompt_counts: list[list[int]] = counts.tolist()
+        self.kv_heads = counts.shape[1]
+        self.room = 0     # slots each segment has for appended tokens
+        self.filled = 0   # tokens appended to every segment
+        self._place()
+
+    def _place(self) -> None:
+        """Where each segment starts (host lists, for views) and where its next token goes (on the device)."""
+        self.starts = []
+        for counts in self.prompt_counts:
+            start, row = 0, []
+            for count in counts:
+                row.append(start)
+                start += count + self.room
+            self.starts.append(row)
+        device = self.keys.device
+        self._next = torch.tensor([[s + c for s, c in zip(starts, counts)]
+                                   for starts, counts in zip(self.starts, self.prompt_counts)], device=device)
+
+    def _capacity(self) -> int:
+        return max(sum(counts) for counts in self.prompt_counts) + self.kv_heads * self.room
+
+    def _grow(self, room: int) -> None:
+        """Give every segment ``room`` slots for appended tokens: one copy of the layer."""
+        old_starts, old = self.starts, (self.keys, self.values)
+        self.room = room
+        self._place()
+        rows, _, d = self.keys.shape
+        fresh = [buffer.new_zeros(rows, self._capacity(), d) for buffer in old]
+        for row, counts in enumerate(self.prompt_counts):
+            for head, count in enumerate(counts):
+                used = count + self.filled
+                src, dst = old_starts[row][head], self.starts[row][head]
+                for buffer, new in zip(old, fresh):
+                    new[row, dst:dst + used] = buffer[row, src:src + used]
+        self.keys, self.values = fresh
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        rows, heads, new, d = key_states.shape
+        if self.filled + new > self.room:
+            self._grow(max(FIRST_ROOM, 2 * (self.filled + new)))
+        steps = torch.arange(self.filled, self.filled + new, device=self.keys.device)
+        index = (self._next[..., None] + steps).reshape(rows, heads * new, 1).expand(-1, -1, d)
+        self.keys.scatter_(1, index, key_states.reshape(rows, heads * new, d))
+        self.values.scatter_(1, index, value_states.reshape(rows, heads * new, d))
+        self.filled += new
+        return self.keys, self.values
+
+    def segment(self, row: int, head: int) -> tuple[int, int]:
+        """The slots ``[start, end)`` of a row's head: its prompt slots and the appended tokens."""
+        start = self.starts[row][head]
+        return start, start + self.prompt_counts[row][head] + self.filled
+
+    def get_seq_length(self) -> int:
+        return max(sum(counts) for counts in self.prompt_counts) // self.kv_heads + self.filled
+
+    def kept_positions(self) -> list[list[torch.Tensor]]:
+        """``[row][head]``: the prompt positions each head holds (in the prompt's padded coordinates)."""
+        positions = self.positions.cpu()
+        out = []
+        for row, counts in enumerate(self.prompt_counts):
+            ends = torch.tensor(counts).cumsum(0).tolist()
+            out.append([positions[row, end - count:end] for end, count in zip(ends, counts)])
+        return out
+
+    def padded_bytes(self) -> int:
+        """What the same layer would hold padded to its longest head (bytes of keys and values)."""
+        rows, _, d = self.keys.shape
+        longest = max(max(counts) for counts in self.prompt_counts)
+        return 2 * rows * self.kv_heads * (longest + self.filled) * d * self.keys.element_size()
+
+    def masked_bytes(self, prompt_length: int) -> int:
+        """What kvpress's way holds for this layer: every prompt position of every head (the evicted ones
+        masked), and the appended tokens (bytes of keys and values)."""
+        rows, _, d = self.keys.shape
+        return 2 * rows * self.kv_heads * (prompt_length + self.filled) * d * self.keys.element_size()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        chosen = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        self.keys, self.values, self.positions = self.keys[indices], self.values[indices], self.positions[indices]
+        self.prompt_counts = [self.prompt_counts[i] for i in chosen]
+        self._place()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.batch_select_indices(torch.arange(self.keys.shape[0]).repeat_interleave(repeats))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a head-adaptive cache cannot be cropped by position")
+
+
+def headwise_attention(module, query, key, value, attention_mask, snapkv_layer: RaggedLayer = None,
+                       snapkv_kernel: str = "sdpa", scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """Attention of ``query`` ``[rows, heads, q, d]`` over a ``RaggedLayer`` (``key``/``value`` are its
+    buffers): each query head over its KV head's segment, the pass's own ``q`` tokens (its last) causal
+    among themselves. ``snapkv_kernel``: the model's attention ("eager": its arithmetic; else sdpa).
+    Returns ``([rows, q, heads, d], None)`` as transformers' attention functions do."""
+    layer = snapkv_layer
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if folds(query):
+        out = folded_attention(layer, query, scale)
+    else:
+        out = segment_attention(layer, query, scale, snapkv_kernel == "eager")
+    return out.transpose(1, 2).contiguous(), None
+
+
+def folds(query: torch.Tensor) -> bool:
+    """Whether a pass takes the folded path: one token a row, on an accelerator."""
+    return query.shape[2] == 1 and query.device.type != "cpu"
+
+
+def segment_attention(layer: RaggedLayer, query: torch.Tensor, scale: float, eager: bool) -> torch.Tensor:
+    """``[rows, heads, q, d]``: one attention call per row and KV head, over views of its segment."""
+    rows, heads, q, d = query.shape
+    groups = heads // layer.kv_heads
+    out = []
+    for row in range(rows):
+        for head in range(layer.kv_heads):
+            start, end = layer.segment(row, head)
+            keys = layer.keys[row:row + 1, None, start:end]
+            values = layer.values[row:row + 1, None, start:end]
+            part = query[row:row + 1, head * groups:(head + 1) * groups]
+            mask = None
+            if q > 1:  # query i (at end - q + i) sees the segment up to itself
+                length = end - start
+                mask = torch.arange(length, device=query.device)[None, :] <= \
+                    torch.arange(length - q, length, device=query.device)[:, None]
+            out.append(_attend(part, keys, values, mask, scale, eager))
+    return torch.cat(out, dim=1).view(rows, heads, q, d)
+
+
+def _attend(query, keys, values, mask, scale: float, eager: bool) -> torch.Tensor:
+    if not eager:
+        return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
+                                                                enable_gqa=True)
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, values)
+
+
+def folded_attention(layer: RaggedLayer, query: torch.Tensor, scale: float) -> torch.Tensor:
+    """``[rows, heads, 1, d]``: every query head of a row against the row's whole buffer in one product,
+    the slots outside its head's segment masked (one token a row)."""
+    rows, heads, _, d = query.shape
+    groups = heads // layer.kv_heads
+    capacity = layer.keys.shape[1]
+    starts = torch.tensor(layer.starts, device=query.device)
+    ends = starts + torch.tensor(layer.prompt_counts, device=query.device) + layer.filled
+    slot = torch.arange(capacity, device=query.device)
+    visible = (slot >= starts[..., None]) & (slot < ends[..., None])          # [rows, kv_heads, capacity]
+    scores = torch.matmul(query.reshape(rows, heads, d), layer.keys.transpose(1, 2)) * scale
+    scores = scores.view(rows, layer.kv_heads, groups, capacity).masked_fill(~visible[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype).view(rows, heads, capacity)
+    return torch.matmul(probs, layer.values).view(rows, heads, 1, d)
+
+
+def storage_alternatives(cache, prompt_length: int) -> dict:
+    """For a cache with ragged layers, the bytes of keys and values its head-adaptive layers would hold
+    padded to their longest head and masked as kvpress keeps them (its other layers as they are); empty
+    for a cache without."""
+    ragged = [layer for layer in cache.layers if isinstance(layer, RaggedLayer)]
+    if not ragged:
+        return {}
+    other = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
+                if not isinstance(layer, RaggedLayer) and getattr(layer, "keys", None) is not None)
+    return {"padded_kv_bytes": other + sum(layer.padded_bytes() for layer in ragged),
+            "masked_kv_bytes": other + sum(layer.masked_bytes(prompt_length) for layer in ragged)}
