@@ -293,10 +293,10 @@ class Runner:
             caches, lengths = session.caches, session.lengths_per_setting
             session.caches = []  # so that each cache can be freed once it has decoded
             kv_bytes = [kv_cache_bytes(cache) for cache in caches]
+            storage = [storage_alternatives(cache, split) for cache in caches]
             if decode_repeats:
-                storage = storage_alternatives(caches[0], split)
                 return self._decode_copies(caches.pop(), first_logits, input_ids.shape[1], prefill_s, lengths[0],
-                                           kv_bytes[0], max_new_tokens, decode_repeats, storage)
+                                           kv_bytes[0], max_new_tokens, decode_repeats, storage[0])
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]
             results = [None] * len(caches)
@@ -318,7 +318,8 @@ class Runner:
                 _sync(self.device)
                 decode_s = time.perf_counter() - start
                 for i, tokens in zip(batch, decoded):
-                    results[i] = Generation(tokens, input_ids.shape[1], prefill_s, decode_s, lengths[i], kv_bytes[i])
+                    results[i] = Generation(tokens, input_ids.shape[1], prefill_s, decode_s, lengths[i], kv_bytes[i],
+                                            storage[i])
                     caches[i] = None
                 del cache
         return results

@@ -568,6 +568,8 @@ def section_head_adaptive(mode: Mode, clock: Clock) -> dict:
     GQA 4:1 model of LWM-7B's width: KV bytes (and what the same selection would hold padded to the
     longest head and masked as kvpress keeps it), decoding time per token and peak memory, as ratios."""
     arch = dict(mode.shapes["llama-3-8b-like (GQA 4:1, 4 layers)"], num_hidden_layers=2 if mode.smoke else 8)
+    if mode.smoke:  # the tiny shape's 4:1 leaves one KV head, where every head keeps the same
+        arch["num_key_value_heads"] = 2
     model = build_model(arch, mode, "sdpa", sharpen=True)
     runner = Runner(model, mlp_chunk=mode.mlp_chunk)
     length = mode.head_adaptive_length
@@ -582,7 +584,8 @@ def section_head_adaptive(mode: Mode, clock: Clock) -> dict:
         rows[name] = {**timing, "kv_cache_bytes": gen.kv_cache_bytes, "peak_above_model_bytes": meter.above_base,
                       **gen.storage_bytes}
     snap, ada = rows["snapkv"], rows["adakv"]
-    return {"model": f"random GQA 4:1, {arch['num_hidden_layers']} layers, "
+    return {"model": f"random, {arch['num_attention_heads']} query / {arch['num_key_value_heads']} KV heads, "
+                     f"{arch['num_hidden_layers']} layers, "
                      f"{str(mode.dtype).removeprefix('torch.')}, sdpa",
             "input_tokens": length, "budget": settings["adakv"].budget, "rows": rows,
             "kv_bytes_ratio": round(ada["kv_cache_bytes"] / snap["kv_cache_bytes"], 4),

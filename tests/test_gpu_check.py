@@ -29,6 +29,9 @@ def test_smoke_runs_every_section(tmp_path):
     assert sections["long_context"]["result"]["longest_run"]
     frontier = sections["memory"]["result"]["frontier"]
     assert all(row["probes"] for row in frontier.values())
+    ragged = sections["head_adaptive"]["result"]
+    assert ragged["kv_bytes_ratio"] == 1.0 < ragged["padded_kv_bytes_ratio"] < ragged["masked_kv_bytes_ratio"]
+    assert ragged["decode_ratio"] > 0 and ragged["peak_ratio"] > 0
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
 
 
