@@ -8,6 +8,12 @@ with one prefill for all the settings that lack it (``Runner.generate_shared``),
 setting from its own cache. When the shared prefill runs out of memory, the item is retried setting
 by setting, so a setting records an OOM exactly where its solo run would.
 
+Items in flight (``batch.items``, ``eval.batching``): several pending items are prefilled as one
+left-padded batch and decoded together, every setting of the job on each. A batch that runs out of
+memory is split in two and each half retried, down to one item, which runs as above (so one item's OOM
+is never another's). Settings whose method cannot take a padded batch (PyramidKV, KVzip) run item by
+item beside them. Records, resume, the lock and progress stay per item.
+
 A task supplies only what is its own (``PredictionTask``): the fields that shape its results, its
 items, how an item becomes a prompt, and how a response becomes a record.
 """
@@ -24,6 +30,7 @@ from tqdm import tqdm
 import snapkv
 from snapkv.errors import InputError
 
+from .batching import WINDOW, AutoSize, Entry, batch_options, cut_batches
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, free_memory, is_oom
 from .settings import claim, fingerprint
@@ -133,6 +140,9 @@ def run(task: PredictionTask, cfg):
             settings["shared_prefill.decode_together"] = True
         if not query_aware(cfg):
             settings["query_aware"] = False
+        batch = batch_options(cfg)
+        if batch.batched:  # batched arithmetic may round differently: not the one-at-a-time records
+            settings["batch.items"] = batch.items
         claim(one.out, settings, cfg.resume, task.result_names)
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
@@ -151,35 +161,118 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     for one in runs:
         if one.pending:
             save_run_metadata(one.cfg, one.out, one.compressor, task.metadata(one.cfg))
-    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    device = resolve_device(cfg)
+    model, _ = load_model(cfg.model, device, with_tokenizer=False)
     runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
     shared = len(runs) > 1
-    bar = tqdm(work, desc=task.name + (f" x{len(runs)} settings" if shared else ""), unit="item",
-               dynamic_ncols=True)
-    tokens_seen, started, ooms = 0, time.perf_counter(), 0
-    aware, together = query_aware(cfg), decode_together(cfg)
-    for item in bar:
-        active = []
-        for one in runs:
-            if item.key not in one.pending:
+    progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),
+                             unit="item", dynamic_ncols=True))
+    aware, together, batch = query_aware(cfg), decode_together(cfg), batch_options(cfg)
+    if not batch.batched:
+        for item in work:
+            active = active_runs(task, runs, item)
+            if not active:
+                progress.advance(None)
                 continue
-            one.pending.discard(item.key)
-            if not task.skip(one, item):
-                active.append(one)
-        if not active:
+            prompt = task.prompt(item, model, tokenizer)
+            question = 0 if aware else asked_after(prompt, item)
+            run_one(task, runner, item, prompt, active, together, question, progress)
+        return
+    size_for = (AutoSize(batch, cfg.model, [one.compressor for one in runs], device, together)
+                if batch.items == "auto" else lambda length, answer: batch.items)
+    window = WINDOW * batch.largest
+    for start in range(0, len(work), window):
+        entries = []
+        for item in work[start:start + window]:
+            active = active_runs(task, runs, item)
+            if not active:
+                progress.advance(None)
+                continue
+            prompt = task.prompt(item, model, tokenizer)
+            question = 0 if aware else asked_after(prompt, item)
+            alone = [one for one in active if not one.compressor.pads_batches]
+            if alone:  # item by item beside the batches (their method takes no padded batch)
+                run_one(task, runner, item, prompt, alone, together, question, progress,
+                        counts=len(alone) == len(active))
+            rest = [one for one in active if one.compressor.pads_batches]
+            if rest:
+                entries.append(Entry(item, prompt, rest, question))
+        for entries_of_batch in cut_batches(entries, size_for):
+            run_batch(task, runner, entries_of_batch, together, progress)
+
+
+class Progress:
+    """The progress bar: items done, prompt tokens per second, OOMs."""
+
+    def __init__(self, bar):
+        self.bar, self.tokens, self.ooms, self.started = bar, 0, 0, time.perf_counter()
+
+    def advance(self, prompt: Prompt | None, ooms: int = 0, counts: bool = True) -> None:
+        self.ooms += ooms
+        if counts:
+            self.tokens += 0 if prompt is None else len(prompt.ids)
+            self.bar.update(1)
+        self.bar.set_postfix(tok_s=f"{self.tokens / (time.perf_counter() - self.started):.0f}", oom=self.ooms)
+
+
+def active_runs(task: PredictionTask, runs: list[SettingRun], item) -> list[SettingRun]:
+    """The settings that run ``item`` now (it leaves their pending set; a setting may skip it)."""
+    active = []
+    for one in runs:
+        if item.key not in one.pending:
             continue
-        prompt = task.prompt(item, model, tokenizer)
-        for one in active:
-            task.started(one, item, prompt)
-        question = 0 if aware else asked_after(prompt, item)
-        generations = generate(runner, prompt, [one.compressor for one in active], together, question)
-        for one, gen in zip(active, generations):
-            text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
-                                                             skip_special_tokens=True)
-            ooms += gen is None
-            task.record(one, item, prompt, gen, text)
-        tokens_seen += len(prompt.ids)
-        bar.set_postfix(tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}", oom=ooms)
+        one.pending.discard(item.key)
+        if not task.skip(one, item):
+            active.append(one)
+    return active
+
+
+def record_item(task: PredictionTask, tokenizer, item, prompt: Prompt, active: list[SettingRun],
+                generations: list) -> int:
+    """Each setting's record of ``item``; returns how many ran out of memory."""
+    for one, gen in zip(active, generations):
+        text = None if gen is None else tokenizer.decode(trim_stop(gen.tokens, prompt.stop_ids),
+                                                         skip_special_tokens=True)
+        task.record(one, item, prompt, gen, text)
+    return sum(gen is None for gen in generations)
+
+
+def run_one(task, runner, item, prompt: Prompt, active: list[SettingRun], together: bool, question: int,
+            progress: Progress, counts: bool = True) -> None:
+    """One item for its settings, one prefill for all of them (``counts``: the item is done after it)."""
+    for one in active:
+        task.started(one, item, prompt)
+    generations = generate(runner, prompt, [one.compressor for one in active], together, question)
+    progress.advance(prompt, record_item(task, runner.tokenizer, item, prompt, active, generations), counts)
+
+
+def run_batch(task, runner, entries: list[Entry], together: bool, progress: Progress) -> None:
+    """Items in flight: ``entries`` (one generation, question part and settings) prefilled and decoded as
+    one batch; out of memory, each half again, down to one item (``run_one``)."""
+    if len(entries) == 1:
+        entry = entries[0]
+        run_one(task, runner, entry.item, entry.prompt, entry.runs, together, entry.question, progress)
+        return
+    for entry in entries:
+        for one in entry.runs:
+            task.started(one, entry.item, entry.prompt)
+    first = entries[0]
+    try:
+        generations = runner.generate_items(
+            [e.prompt.ids for e in entries], [one.compressor for one in first.runs], first.prompt.max_new_tokens,
+            stop_ids=first.prompt.stop_ids, min_new_tokens=first.prompt.min_new_tokens, together=together,
+            question_tokens=first.question)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        free_memory()
+        half = len(entries) // 2
+        run_batch(task, runner, entries[:half], together, progress)
+        run_batch(task, runner, entries[half:], together, progress)
+        return
+    for entry, per_setting in zip(entries, generations):
+        ooms = record_item(task, runner.tokenizer, entry.item, entry.prompt, entry.runs, per_setting)
+        progress.advance(entry.prompt, ooms)
 
 
 def trim_stop(tokens: list[int], stop_ids) -> list[int]:

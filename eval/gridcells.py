@@ -1,10 +1,10 @@
 """Grid tasks (needle, lines) on the task engine: one line a (length, depth) cell, resumable;
 out-of-memory lengths; cells a dead process left.
 
-The results file holds one line a cell. Before a cell runs, ``running.json`` names it; it is removed
-once the cell's line is written. A later run that finds it knows the previous process died inside
-that cell (killed by the system: host out of memory, a time limit, a signal), which is recorded as
-a failure, never as an OOM.
+The results file holds one line a cell. Before a cell runs, ``running.json`` names it (every cell in
+flight, with ``batch.items``); a cell leaves it once its line is written. A later run that finds cells
+there knows the previous process died inside them (killed by the system: host out of memory, a time
+limit, a signal), which is recorded as a failure, never as an OOM.
 """
 from __future__ import annotations
 
@@ -28,27 +28,39 @@ def load_cells(results: Path, retry_oom: bool, retry_failed: bool) -> list[dict]
     """Cells so far; a cell a dead process left becomes a failure line; retried cells are dropped."""
     cells = read_records(results, repair=True)
     running = results.parent / RUNNING
-    if running.exists():
-        cell = json.loads(running.read_text(encoding="utf-8"))
-        if cell and key(cell) not in {key(c) for c in cells}:
+    for cell in in_flight(results):
+        if key(cell) not in {key(c) for c in cells}:
             failure = {**cell, "response": None, "score": None, "oom": False, "failed": KILLED}
             append_record(results, failure)
             cells.append(failure)
             print(f"a previous run died in cell {key(cell)}: recorded as failed (retry_failed=true runs it again)")
-        running.unlink()
+    running.unlink(missing_ok=True)
     keep = [c for c in cells if not (retry_oom and c.get("oom")) and not (retry_failed and c.get("failed"))]
     if len(keep) != len(cells):
         rewrite_records(results, keep)
     return keep
 
 
+def in_flight(results: Path) -> list[dict]:
+    """The cells ``running.json`` names (one cell, as written before batches, or a list)."""
+    running = results.parent / RUNNING
+    if not running.exists():
+        return []
+    named = json.loads(running.read_text(encoding="utf-8"))
+    return [c for c in (named if isinstance(named, list) else [named]) if c]
+
+
 def start_cell(results: Path, cell: dict) -> None:
-    write_json_atomic(results.parent / RUNNING, cell)
+    write_json_atomic(results.parent / RUNNING, [c for c in in_flight(results) if key(c) != key(cell)] + [cell])
 
 
 def finish_cell(results: Path, cell: dict) -> None:
     append_record(results, cell)
-    (results.parent / RUNNING).unlink(missing_ok=True)
+    left = [c for c in in_flight(results) if key(c) != key(cell)]
+    if left:
+        write_json_atomic(results.parent / RUNNING, left)
+    else:
+        (results.parent / RUNNING).unlink(missing_ok=True)
 
 
 def out_of_memory_everywhere(cells: list[dict], length: int, depths: list[float]) -> bool:

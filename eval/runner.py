@@ -312,8 +312,9 @@ class Runner:
                     decoded = [self._decode(cache, logits[0], max_new_tokens, set(stop_ids), min_new_tokens)]
                 else:
                     cache = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens)
+                    rows = logits[0].shape[0]
                     decoded = self._decode_rows(cache, torch.cat(logits), len(batch),
-                                                max_new_tokens, set(stop_ids), min_new_tokens)
+                                                max_new_tokens, set(stop_ids), min_new_tokens)[::rows]
                 del logits
                 _sync(self.device)
                 decode_s = time.perf_counter() - start
@@ -367,28 +368,105 @@ class Runner:
         return batches
 
     def _decode_rows(self, cache, logits, settings: int, max_new_tokens: int, stop: set,
-                     min_new_tokens: int) -> list[list[int]]:
-        """Greedy decoding of a merged cache: ``settings`` consecutive groups of rows, each stopping on
-        its own (a finished setting's rows run on until the last one stops; their tokens are dropped)."""
+                     min_new_tokens: int, mask: torch.Tensor | None = None) -> list[list[int]]:
+        """Greedy decoding of every row of a cache: ``settings`` consecutive groups of rows (the members
+        of a merged cache, or one), each row stopping on its own; the tokens of each row. A stopped row
+        runs on until the last one stops (its tokens are dropped); a member whose rows have all stopped
+        reads nothing more (``finish_member``). ``mask``: the 2-D padding mask of a left-padded batch
+        (a plain cache attends through it, its rows at their own positions), extended at each step."""
         rows = logits.shape[0] // settings
-        tokens: list[list[int]] = [[] for _ in range(settings)]
-        done = [False] * settings
+        tokens: list[list[int]] = [[] for _ in range(logits.shape[0])]
+        done = [False] * logits.shape[0]
+        finished = [False] * settings
         with weight_major_linears(self.model):  # faster for a few rows on a CPU (snapkv.merge)
             for step in range(max_new_tokens):
                 if step < min_new_tokens and stop:
                     logits[:, list(stop)] = float("-inf")
                 picks = logits.argmax(dim=-1)
+                for row, token in enumerate(picks.tolist()):
+                    if not done[row]:
+                        tokens[row].append(token)
+                        done[row] = token in stop or step == max_new_tokens - 1
                 for k in range(settings):
-                    if not done[k]:
-                        token = int(picks[k * rows])
-                        tokens[k].append(token)
-                        done[k] = token in stop or step == max_new_tokens - 1
-                        if done[k]:  # its rows run on until the last one stops, reading nothing
-                            finish_member(cache, k * rows)
+                    if not finished[k] and all(done[k * rows:(k + 1) * rows]):
+                        finished[k] = True
+                        finish_member(cache, k * rows)
                 if all(done):
                     break
-                logits = self.model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
+                extra = {}
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                    extra.update(attention_mask=mask, position_ids=mask.sum(dim=1, keepdim=True) - 1)
+                logits = self.model(picks[:, None], cache=cache, use_cache=True, **extra).logits[:, -1]
         return tokens
+
+    @torch.inference_mode()
+    def generate_items(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids=(),
+                       min_new_tokens: int = 0, together: bool = False,
+                       question_tokens: int = 0) -> list[list[Generation]]:
+        """Several prompts in flight: ``[item][setting]`` generations, the prompts prefilled as one
+        left-padded batch under every compressor (each row compressed as its solo run compresses it),
+        then every setting's rows decoded (``together``: the settings' caches merged, as
+        ``generate_shared`` does). Every prompt shares the generation limits and ``question_tokens``
+        (the last ones of each, appended uncompressed after the compression). A row that stops early
+        runs on until the batch's last one stops. ``prefill_s`` and ``decode_s`` are the batch's."""
+        from transformers import DynamicCache
+        model, rows = self.model, len(prompts)
+        contexts = [ids[:len(ids) - question_tokens] for ids in prompts]
+        if question_tokens and min(len(c) for c in contexts) < 1:
+            raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
+        width = max(len(c) for c in contexts)
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        mask = torch.zeros(rows, width, dtype=torch.long)
+        for row, context in enumerate(contexts):
+            ids[row, width - len(context):] = torch.tensor(context)
+            mask[row, width - len(context):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        question = torch.tensor([p[len(p) - question_tokens:] for p in prompts], device=self.device) \
+            if question_tokens else None
+        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
+        results = [[None] * len(compressors) for _ in range(rows)]
+        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
+            _sync(self.device)
+            start = time.perf_counter()
+            out = model(ids, attention_mask=mask, position_ids=positions, cache=DynamicCache(config=model.config),
+                        use_cache=True, logits_to_keep=1)
+            first_logits = out.logits[:, -1]
+            del out
+            _sync(self.device)
+            prefill_s = time.perf_counter() - start
+            caches, lengths = session.caches, session.lengths_per_setting
+            session.caches = []
+            kv_bytes = [kv_cache_bytes(cache) // rows for cache in caches]
+            batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
+                                                                                          range(len(caches))]
+            if question_tokens:
+                mask = torch.cat([mask, mask.new_ones(rows, question_tokens)], dim=1)
+            for batch in batches:
+                start = time.perf_counter()
+                if question is not None:
+                    at = (mask.cumsum(dim=1) - 1)[:, -question_tokens:]
+                    logits = [model(question, attention_mask=mask, position_ids=at, cache=caches[i], use_cache=True,
+                                    logits_to_keep=1).logits[:, -1] for i in batch]
+                else:
+                    logits = [first_logits.clone() for _ in batch]
+                if len(batch) == 1:
+                    cache, running = caches[batch[0]], mask
+                else:
+                    cache, running = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens), None
+                decoded = self._decode_rows(cache, torch.cat(logits), len(batch), max_new_tokens, set(stop_ids),
+                                            min_new_tokens, running)
+                del logits
+                _sync(self.device)
+                decode_s = time.perf_counter() - start
+                for k, i in enumerate(batch):
+                    for row in range(rows):
+                        results[row][i] = Generation(decoded[k * rows + row], len(prompts[row]), prefill_s, decode_s,
+                                                     lengths[i], kv_bytes[i])
+                    caches[i] = None
+                del cache
+        return results
 
     def _decode(self, cache, logits, max_new_tokens: int, stop: set, min_new_tokens: int) -> list[int]:
         tokens: list[int] = []

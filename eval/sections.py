@@ -173,6 +173,19 @@ class BenchSweepSection:
 
 
 @dataclass
+class BenchItemsSection:
+    enabled: bool = False
+    batch: Any = "auto"                 # N or auto (eval.batching)
+    memory_gib: Optional[float] = None  # auto's memory (null: the GPU's free memory, or the available RAM)
+    max_items: int = 16
+    settings: Any = "table1"
+    budget_scale: float = 0.25
+    short: int = 8
+    long: int = 2
+    data_dir: Optional[str] = "eval/data/longbench_sample"
+
+
+@dataclass
 class BenchSection:
     lengths: List[int] = field(default_factory=lambda: [1024, 4096])
     budgets: List[int] = field(default_factory=lambda: [1024])
@@ -193,6 +206,7 @@ class BenchSection:
     probe_timeout_s: float = 3600
     plan_lengths: List[int] = field(default_factory=lambda: [16384, 33000, 131072, 380000])
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
+    items: BenchItemsSection = field(default_factory=BenchItemsSection)
 
 
 @dataclass

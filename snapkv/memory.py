@@ -10,7 +10,8 @@ compression step (beside the layer's query states: each method's own term,
 here, e.g. ``window_scores_bytes``; plus, with ``gqa="repeat"``, a repeated copy of one layer's K and
 V), and the last-position logits.
 
-Not planned: padded batches under sdpa (transformers then builds a batch x L x L boolean mask) and
+A left-padded batch (``padded=True``: prompts of different lengths in flight) adds the batch x L x L
+mask transformers builds for sdpa (boolean; eager's additive mask is planned anyway). Not planned:
 the runtime's own buffers (CUDA context, cuBLAS workspaces, CPU thread pools); ``eval.bench``
 measures above a model that has run one token, so those are outside its numbers too.
 """
@@ -119,7 +120,7 @@ def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes:
 
 def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfloat16",
          attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
-         device: str = "cuda") -> dict:
+         device: str = "cuda", padded: bool = False) -> dict:
     """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks)."""
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
@@ -139,6 +140,8 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
         scores = batch * s.heads * length * length * softmax_bytes(n) + batch * length * length * n
     else:
         scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
+        if padded:
+            scores += batch * length * length  # the boolean padding mask transformers builds for sdpa
     mlp = s.mlp_activations(batch * rows, n)
     logits = batch * s.vocab * 4
     # the compression runs inside the attention of the layer, beside that layer's query states
@@ -181,7 +184,7 @@ def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_1
 
 def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: str = "bfloat16",
                 attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
-                decode_together: bool = False, device: str = "cuda") -> dict:
+                decode_together: bool = False, device: str = "cuda", padded: bool = False) -> dict:
     """A shared prefill of several settings (``snapkv.compress(model, [a, b, ...])``): every kept cache
     plus the largest transient. While the last layer runs, each setting holds its earlier layers as it
     keeps them and that layer's full KV is held once; the settings score one after another, so the
@@ -192,7 +195,7 @@ def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: s
     if not compressors:
         raise InputError("compressors=[]: plan at least one setting")
     kw = dict(batch=batch, dtype=dtype, attn_implementation=attn_implementation, mlp_chunk=mlp_chunk,
-              decode_tokens=decode_tokens, device=device)
+              decode_tokens=decode_tokens, device=device, padded=padded)
     plans = [plan(config, length, c if c is not None and c.compresses else None, **kw) for c in compressors]
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)

@@ -47,6 +47,9 @@ class Method:
     # whether the method scores once the whole prompt is prefilled (KVzip): its layers are kept whole
     # during the prefill and cut after it (``replay_key``, ``scores``, ``cut``)
     scores_after_prefill: ClassVar[bool] = False
+    # whether each row of a left-padded batch is compressed as its prompt alone is (items in flight,
+    # ``batch.items``): per-layer budgets refuse padding, a replay takes one prompt
+    pads_batches: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.validate()

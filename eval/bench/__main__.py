@@ -128,10 +128,51 @@ def run_sweep(cfg: DictConfig) -> dict:
     return result
 
 
+def run_items(cfg: DictConfig) -> dict:
+    """``bench.items.enabled``: LongBench items one at a time against items in flight (``eval.bench.items``)."""
+    from ..batching import batch_options
+    from ..chat import stop_token_ids
+    from ..engine import Prompt
+    from ..hydra_app import make_compressor, save_run_metadata
+    from ..longbench.data import dataset_file, read_dataset
+    from ..longbench.prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
+    from ..runner import Runner, load_model, load_tokenizer
+    from .items import item_rows, markdown as items_markdown, measure_items
+    from .sweep import scaled, settings_of
+    node = cfg.bench.items
+    options = batch_options({"batch": {"items": node.batch, "memory_gib": node.memory_gib,
+                                       "max_items": node.max_items}})
+    spec = node.settings if isinstance(node.settings, str) else OmegaConf.to_container(node.settings, resolve=True)
+    settings = scaled(settings_of(spec), float(node.budget_scale))
+    for name in ("short", "long"):
+        if isinstance(node[name], bool) or not isinstance(node[name], int) or node[name] < 0:
+            raise InputError(f"bench.items.{name}={node[name]!r} must be a whole number of rows, 0 or more")
+    sample = read_dataset(dataset_file("multi_news", node.data_dir, "main"))
+    out = output_dir(cfg)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.items": OmegaConf.to_container(node)})
+    tokenizer = load_tokenizer(cfg.model)
+    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    stops = stop_token_ids(model, tokenizer)
+    prompts = [Prompt(build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length), cfg.model.chat_format),
+                      generation_length(dataset, None), stops + extra_stop_ids(tokenizer, dataset),
+                      min_new_tokens(dataset, cfg.model.protocol))
+               for dataset, row in item_rows(sample, int(node.short), int(node.long))]
+    result = measure_items(runner, prompts, settings, options, cfg.model)
+    result.update(model=cfg.model.name, device=str(runner.device))
+    write_json_atomic(out / "items.json", result)
+    title = f"Items in flight: {cfg.model.name} on {runner.device}"
+    (out / "items.md").write_text(items_markdown(result, title), encoding="utf-8")
+    print((out / "items.md").read_text())
+    return result
+
+
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
     if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
         return run_sweep(cfg)
+    if cfg.bench.get("items") is not None and cfg.bench.items.enabled:
+        return run_items(cfg)
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
         raise InputError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     prefill_repeats = cfg.bench.get("prefill_repeats")

@@ -77,7 +77,8 @@ def head_adaptive_markdown(rows: list[dict]) -> str:
             f"| {r['batch']} | {r['input_tokens']} | {label(r)} | {_mib(r['kv_cache_bytes'])} | "
             f"{_share(r['kv_cache_bytes'], base['kv_cache_bytes'])} | {_mib(r['padded_kv_bytes'])} | "
             f"{_mib(r['masked_kv_bytes'])} | {r['decode_s_per_token'] * 1000:.1f} | "
-            f"{_share(r['decode_s_per_token'], base['decode_s_per_token'])} | {_mib(r.get('peak_above_model_bytes'))} | "
+            f"{_share(r['decode_s_per_token'], base['decode_s_per_token'])} | "
+            f"{_mib(r.get('peak_above_model_bytes'))} | "
             f"{_share(r.get('peak_above_model_bytes'), base.get('peak_above_model_bytes'))} | "
             f"{_error(r.get('predicted_peak_above_model_bytes'), r.get('peak_above_model_bytes'))} |")
     return ("## Head-adaptive caches against SnapKV\n\nRatios to SnapKV at the same budget (this / SnapKV). "

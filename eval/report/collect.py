@@ -27,9 +27,14 @@ def label_of(compressor: dict) -> str:
 
 
 def run_label(cfg: dict) -> str:
-    """A run's label: its compressor's, marked where the question was appended after compression."""
+    """A run's label: its compressor's, marked where the question was appended after compression and
+    where several items were in flight (``batch.items``)."""
     label = label_of(cfg.get("compressor", {}))
-    return label if cfg.get("query_aware", True) else f"{label} · query-agnostic"
+    if not cfg.get("query_aware", True):
+        label += " · query-agnostic"
+    if (cfg.get("batch") or {}).get("items", 1) != 1:
+        label += " · batched"
+    return label
 
 
 def run_name(root: Path, run: Path) -> str:

@@ -39,6 +39,7 @@ class KVzip(WholePromptMethod):
     tag_parts = ("s{n_sink}", "c{chunk_size}", "lw{layerwise}", "plus{plus_normalization}", "kp{keep_prefix}")
     head_adaptive = True
     scores_after_prefill = True
+    pads_batches = False  # its replay repeats one prompt
     n_sink: int = 4
     chunk_size: int = 2048
     layerwise: bool = False

@@ -24,6 +24,7 @@ class PyramidKV(SnapKV):
     display_name = "PyramidKV"
     tag_parts = ("w{window}", "k{kernel}", "{pooling}", "{gqa}", "beta{beta}")
     beta: int = 20
+    pads_batches = False  # its layers' budgets differ: a padded batch is refused
 
     def validate(self) -> None:
         super().validate()
