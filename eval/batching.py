@@ -6,16 +6,17 @@ about the cost of one. The engine reads a window of pending items at a time (``W
 size), groups those that share their generation (answer length, stop tokens, question part), sorts a
 group by length (longest first, so the padding of a left-padded batch is small) and cuts it into
 batches: ``batch.items=N`` items each, or with ``auto`` as many as the memory planner fits for the
-batch's longest prompt (``snapkv.memory.plan_shared`` with every setting of the job, a padded batch,
-the answer length) in the memory at hand less ``batch.margin``: the device's free memory after the
-model loaded, on a CPU ``batch.memory_gib`` (default: the available RAM). ``batch.max_items`` caps
-``auto``.
+batch's longest prompt (``snapkv.memory.plan_shared`` with every setting of the job, the answer length,
+``AutoSize.peak_above_weights``) in the memory at hand less ``batch.margin``: the device's free memory
+after the model loaded, on a CPU ``batch.memory_gib`` (default: the available RAM). ``batch.max_items``
+caps ``auto``. ``batch.prefill``: "each" prefills a batch's items one after another and decodes their
+caches together; "padded" prefills them as one left-padded batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from snapkv.errors import InputError, check_number
+from snapkv.errors import InputError, check_choice, check_number
 
 WINDOW = 4  # pending items read at once: this many batches of the largest size
 
@@ -23,6 +24,7 @@ WINDOW = 4  # pending items read at once: this many batches of the largest size
 @dataclass
 class BatchOptions:
     items: int | str = 1          # N, or "auto"
+    prefill: str = "each"         # each item alone, or one left-padded batch (Runner.generate_items)
     memory_gib: float | None = None
     margin: float = 0.1
     max_items: int = 16
@@ -53,7 +55,10 @@ def batch_options(cfg) -> BatchOptions:
         if memory <= 0:
             raise InputError(f"batch.memory_gib={memory} must be a number above 0 (GiB), or null")
     margin = check_number("batch.margin", node.get("margin", 0.1), 0, 0.9, "the share of memory left unplanned")
-    return BatchOptions(items, memory, margin, max_items)
+    from .runner import PREFILLS
+    prefill = node.get("prefill", "each")
+    check_choice("batch.prefill", prefill, PREFILLS)
+    return BatchOptions(items, prefill, memory, margin, max_items)
 
 
 @dataclass
@@ -116,15 +121,22 @@ class AutoSize:
         import psutil
         return psutil.virtual_memory().available
 
+    def peak_above_weights(self, items: int, length: int, answer_tokens: int) -> int:
+        """The planned peak of a batch of ``items`` prompts of ``length`` tokens: prefilled one after
+        another (the last one's prefill beside every earlier item's kept caches) or as one padded batch,
+        then decoded as a batch."""
+        plan = self.plan_shared
+        kw = dict(decode_tokens=answer_tokens, decode_together=self.together, **self.kwargs)
+        batched = plan(self.arch, length, self.compressors, batch=items, padded=self.options.prefill == "padded", **kw)
+        if self.options.prefill == "padded":
+            return batched["peak_above_weights_bytes"]
+        one = plan(self.arch, length, self.compressors, batch=1, **kw)
+        prefill = one["prefill_peak_bytes"] + (items - 1) * one["kv_cache_bytes"]
+        return max(prefill, batched["decode_peak_bytes"]) - one["weights_bytes"]
+
     def __call__(self, length: int, answer_tokens: int) -> int:
         key = (length, answer_tokens)
         if key not in self._cache:
-            size = 1
-            for n in range(self.options.max_items, 1, -1):
-                planned = self.plan_shared(self.arch, length, self.compressors, batch=n, decode_tokens=answer_tokens,
-                                           decode_together=self.together, padded=True, **self.kwargs)
-                if planned["peak_above_weights_bytes"] <= self.budget:
-                    size = n
-                    break
-            self._cache[key] = size
+            self._cache[key] = next((n for n in range(self.options.max_items, 1, -1)
+                                     if self.peak_above_weights(n, length, answer_tokens) <= self.budget), 1)
         return self._cache[key]

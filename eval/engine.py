@@ -8,11 +8,12 @@ with one prefill for all the settings that lack it (``Runner.generate_shared``),
 setting from its own cache. When the shared prefill runs out of memory, the item is retried setting
 by setting, so a setting records an OOM exactly where its solo run would.
 
-Items in flight (``batch.items``, ``eval.batching``): several pending items are prefilled as one
-left-padded batch and decoded together, every setting of the job on each. A batch that runs out of
-memory is split in two and each half retried, down to one item, which runs as above (so one item's OOM
-is never another's). Settings whose method cannot take a padded batch (PyramidKV, KVzip) run item by
-item beside them. Records, resume, the lock and progress stay per item.
+Items in flight (``batch.items``, ``eval.batching``): several pending items are prefilled (one after
+another, or with ``batch.prefill=padded`` as one left-padded batch) and decoded together, every setting
+of the job on each. A batch that runs out of memory is split in two and each half retried, down to one
+item, which runs as above (so one item's OOM is never another's). With a padded prefill, settings whose
+method cannot take one (PyramidKV, KVzip) run item by item beside the batches. Records, resume, the
+lock and progress stay per item.
 
 A task supplies only what is its own (``PredictionTask``): the fields that shape its results, its
 items, how an item becomes a prompt, and how a response becomes a record.
@@ -190,15 +191,15 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
                 continue
             prompt = task.prompt(item, model, tokenizer)
             question = 0 if aware else asked_after(prompt, item)
-            alone = [one for one in active if not one.compressor.pads_batches]
+            alone = [one for one in active if batch.prefill == "padded" and not one.compressor.pads_batches]
             if alone:  # item by item beside the batches (their method takes no padded batch)
                 run_one(task, runner, item, prompt, alone, together, question, progress,
                         counts=len(alone) == len(active))
-            rest = [one for one in active if one.compressor.pads_batches]
+            rest = [one for one in active if one not in alone]
             if rest:
                 entries.append(Entry(item, prompt, rest, question))
         for entries_of_batch in cut_batches(entries, size_for):
-            run_batch(task, runner, entries_of_batch, together, progress)
+            run_batch(task, runner, entries_of_batch, together, batch.prefill, progress)
 
 
 class Progress:
@@ -246,7 +247,7 @@ def run_one(task, runner, item, prompt: Prompt, active: list[SettingRun], togeth
     progress.advance(prompt, record_item(task, runner.tokenizer, item, prompt, active, generations), counts)
 
 
-def run_batch(task, runner, entries: list[Entry], together: bool, progress: Progress) -> None:
+def run_batch(task, runner, entries: list[Entry], together: bool, prefill: str, progress: Progress) -> None:
     """Items in flight: ``entries`` (one generation, question part and settings) prefilled and decoded as
     one batch; out of memory, each half again, down to one item (``run_one``)."""
     if len(entries) == 1:
@@ -261,14 +262,14 @@ def run_batch(task, runner, entries: list[Entry], together: bool, progress: Prog
         generations = runner.generate_items(
             [e.prompt.ids for e in entries], [one.compressor for one in first.runs], first.prompt.max_new_tokens,
             stop_ids=first.prompt.stop_ids, min_new_tokens=first.prompt.min_new_tokens, together=together,
-            question_tokens=first.question)
+            question_tokens=first.question, prefill=prefill)
     except Exception as exc:
         if not is_oom(exc):
             raise
         free_memory()
         half = len(entries) // 2
-        run_batch(task, runner, entries[:half], together, progress)
-        run_batch(task, runner, entries[half:], together, progress)
+        run_batch(task, runner, entries[:half], together, prefill, progress)
+        run_batch(task, runner, entries[half:], together, prefill, progress)
         return
     for entry, per_setting in zip(entries, generations):
         ooms = record_item(task, runner.tokenizer, entry.item, entry.prompt, entry.runs, per_setting)

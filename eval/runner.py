@@ -17,10 +17,11 @@ import torch
 
 import snapkv
 from snapkv.errors import InputError, check_choice
-from snapkv.merge import finish_member, weight_major_linears
+from snapkv.merge import weight_major_linears
 from snapkv.ragged import storage_alternatives
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")  # model.attn_implementation
+PREFILLS = ("each", "padded")  # batch.prefill: how items in flight are prefilled (Runner.generate_items)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
@@ -370,29 +371,40 @@ class Runner:
     def _decode_rows(self, cache, logits, settings: int, max_new_tokens: int, stop: set,
                      min_new_tokens: int, mask: torch.Tensor | None = None) -> list[list[int]]:
         """Greedy decoding of every row of a cache: ``settings`` consecutive groups of rows (the members
-        of a merged cache, or one), each row stopping on its own; the tokens of each row. A stopped row
-        runs on until the last one stops (its tokens are dropped); a member whose rows have all stopped
-        reads nothing more (``finish_member``). ``mask``: the 2-D padding mask of a left-padded batch
-        (a plain cache attends through it, its rows at their own positions), extended at each step."""
-        rows = logits.shape[0] // settings
-        tokens: list[list[int]] = [[] for _ in range(logits.shape[0])]
-        done = [False] * logits.shape[0]
+        of a merged cache, or one), each row stopping on its own; the tokens of each row. A member whose
+        rows have all stopped leaves a merged cache (``snapkv.merge.drop_rows``: later steps compute the
+        others only); a stopped row of an unfinished member runs on (its tokens are dropped). ``mask``:
+        the 2-D padding mask of a left-padded batch (a plain cache attends through it, its rows at their
+        own positions), extended at each step."""
+        from snapkv.cache_state import state_of
+        from snapkv.merge import drop_rows
+        total = logits.shape[0]
+        rows = total // settings
+        tokens: list[list[int]] = [[] for _ in range(total)]
+        done = [False] * total
         finished = [False] * settings
+        alive = list(range(total))  # the original row of each row the cache holds now
+        state = state_of(cache)
+        merged = settings > 1 and state is not None and state.cfg is None
         with weight_major_linears(self.model):  # faster for a few rows on a CPU (snapkv.merge)
             for step in range(max_new_tokens):
                 if step < min_new_tokens and stop:
                     logits[:, list(stop)] = float("-inf")
                 picks = logits.argmax(dim=-1)
-                for row, token in enumerate(picks.tolist()):
+                for row, token in zip(alive, picks.tolist()):
                     if not done[row]:
                         tokens[row].append(token)
                         done[row] = token in stop or step == max_new_tokens - 1
-                for k in range(settings):
-                    if not finished[k] and all(done[k * rows:(k + 1) * rows]):
-                        finished[k] = True
-                        finish_member(cache, k * rows)
+                newly = [k for k in range(settings) if not finished[k] and all(done[k * rows:(k + 1) * rows])]
+                for k in newly:
+                    finished[k] = True
                 if all(done):
                     break
+                if newly and merged:
+                    staying = [pos for pos, row in enumerate(alive) if not finished[row // rows]]
+                    drop_rows(cache, [pos for pos, row in enumerate(alive) if finished[row // rows]])
+                    alive = [alive[pos] for pos in staying]
+                    picks = picks[staying]
                 extra = {}
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
@@ -402,19 +414,81 @@ class Runner:
 
     @torch.inference_mode()
     def generate_items(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids=(),
-                       min_new_tokens: int = 0, together: bool = False,
-                       question_tokens: int = 0) -> list[list[Generation]]:
-        """Several prompts in flight: ``[item][setting]`` generations, the prompts prefilled as one
-        left-padded batch under every compressor (each row compressed as its solo run compresses it),
-        then every setting's rows decoded (``together``: the settings' caches merged, as
-        ``generate_shared`` does). Every prompt shares the generation limits and ``question_tokens``
-        (the last ones of each, appended uncompressed after the compression). A row that stops early
-        runs on until the batch's last one stops. ``prefill_s`` and ``decode_s`` are the batch's."""
+                       min_new_tokens: int = 0, together: bool = False, question_tokens: int = 0,
+                       prefill: str = "each") -> list[list[Generation]]:
+        """Several prompts in flight: ``[item][setting]`` generations, every prompt under every compressor,
+        their caches decoded as batches. Every prompt shares the generation limits and ``question_tokens``
+        (the last ones of each, appended uncompressed after the compression). ``prefill``: "each" prefills
+        the prompts one after another (one shared prefill each: the caches equal their solo runs') and
+        merges the caches of all of them (``together``: of every setting too; else setting by setting),
+        each member reading its own slots; "padded" prefills them as one left-padded batch (each row
+        compressed as its prompt alone is) and decodes each setting's rows together. A row that stops
+        early runs on until its batch's last one stops. ``prefill_s`` and ``decode_s`` are the batch's."""
+        check_choice("batch.prefill", prefill, PREFILLS)
+        if question_tokens and min(len(p) for p in prompts) <= question_tokens:
+            raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
+        if prefill == "padded":
+            return self._items_padded(prompts, compressors, max_new_tokens, stop_ids, min_new_tokens, together,
+                                      question_tokens)
+        from transformers import DynamicCache
+        model = self.model
+        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
+        members, prefill_s, question_s = [], 0.0, 0.0  # (row, setting, cache, logits, lengths, kv bytes)
+        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
+            for row, prompt in enumerate(prompts):
+                context = torch.tensor([prompt[:len(prompt) - question_tokens]], device=self.device)
+                _sync(self.device)
+                start = time.perf_counter()
+                out = model(context, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+                first_logits = out.logits[:, -1]
+                del out
+                _sync(self.device)
+                prefill_s += time.perf_counter() - start
+                caches, lengths = session.caches, session.lengths_per_setting
+                session.caches = []
+                start = time.perf_counter()
+                for i, cache in enumerate(caches):
+                    if question_tokens:
+                        question = torch.tensor([prompt[len(prompt) - question_tokens:]], device=self.device)
+                        logits = model(question, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                    else:
+                        logits = first_logits.clone()
+                    members.append((row, i, cache, logits, lengths[i], kv_cache_bytes(cache)))
+                _sync(self.device)
+                question_s += time.perf_counter() - start
+            caches = [m[2] for m in members]
+            if together:
+                batches = self.decode_batches(caches) if self._can_merge() else [[k] for k in range(len(members))]
+            else:
+                batches = []
+                for i in range(len(compressors)):
+                    own = [k for k, m in enumerate(members) if m[1] == i]
+                    groups = self.decode_batches([caches[k] for k in own]) if self._can_merge() else [[j] for j in
+                                                                                                    range(len(own))]
+                    batches.extend([[own[j] for j in group] for group in groups])
+            del caches
+            results = [[None] * len(compressors) for _ in prompts]
+            for batch in batches:
+                start = time.perf_counter()
+                cache = members[batch[0]][2] if len(batch) == 1 else snapkv.merge_caches(
+                    [members[k][2] for k in batch], spare_tokens=max_new_tokens)
+                decoded = self._decode_rows(cache, torch.cat([members[k][3] for k in batch]), len(batch),
+                                            max_new_tokens, set(stop_ids), min_new_tokens)
+                _sync(self.device)
+                decode_s = time.perf_counter() - start + question_s
+                for k, tokens in zip(batch, decoded):
+                    row, i, _, _, lengths, kv_bytes = members[k]
+                    results[row][i] = Generation(tokens, len(prompts[row]), prefill_s, decode_s, lengths, kv_bytes)
+                    members[k] = None
+                del cache
+        return results
+
+    def _items_padded(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids,
+                      min_new_tokens: int, together: bool, question_tokens: int) -> list[list[Generation]]:
+        """``generate_items(prefill="padded")``: one left-padded prefill of every prompt."""
         from transformers import DynamicCache
         model, rows = self.model, len(prompts)
         contexts = [ids[:len(ids) - question_tokens] for ids in prompts]
-        if question_tokens and min(len(c) for c in contexts) < 1:
-            raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
         width = max(len(c) for c in contexts)
         ids = torch.zeros(rows, width, dtype=torch.long)
         mask = torch.zeros(rows, width, dtype=torch.long)

@@ -173,9 +173,10 @@ class BenchSweepSection:
 
 
 @dataclass
-class BenchItemsSection:
+class BenchBatchingSection:
     enabled: bool = False
     batch: Any = "auto"                 # N or auto (eval.batching)
+    prefill: str = "each"               # each | padded (eval.batching)
     memory_gib: Optional[float] = None  # auto's memory (null: the GPU's free memory, or the available RAM)
     max_items: int = 16
     settings: Any = "table1"
@@ -206,7 +207,7 @@ class BenchSection:
     probe_timeout_s: float = 3600
     plan_lengths: List[int] = field(default_factory=lambda: [16384, 33000, 131072, 380000])
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
-    items: BenchItemsSection = field(default_factory=BenchItemsSection)
+    batching: BenchBatchingSection = field(default_factory=BenchBatchingSection)
 
 
 @dataclass

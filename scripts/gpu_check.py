@@ -1,6 +1,6 @@
 """The paper's claims on a real accelerator, in one command: python scripts/gpu_check.py [--smoke] [--out DIR].
 
-Seven independent sections, each with its own time budget (a failure or an overrun is recorded and the
+Eight independent sections, each with its own time budget (a failure or an overrun is recorded and the
 next section runs); random-weight models built on the device (no download); a Markdown report and
 JSON written after every section to ``--out`` (default ``results/gpu_check``):
 
@@ -17,10 +17,11 @@ JSON written after every section to ``--out`` (default ``results/gpu_check``):
 6. shared prefill: Table 1's five settings on one prompt, five solo runs against one shared prefill
    (exact: every setting's tokens compared);
 7. head-adaptive: AdaKV's ragged cache against SnapKV at budget 1024 and 7K tokens: KV bytes (beside
-   what padding to the longest head and kvpress's masking would hold), decoding time and peak memory.
+   what padding to the longest head and kvpress's masking would hold), decoding time and peak memory;
+8. items: items in flight (``batch.items=auto``) against one item at a time, items per second.
 
 ``--smoke`` runs every section on CPU with tiny shapes (the test suite runs it, so the script
-cannot rot). The full mode needs about 8.5 minutes on one H100/H200-class GPU.
+cannot rot). The full mode needs about 10 minutes on one H100/H200-class GPU.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 GIB = 2**30
 # Seconds per section in the full mode (the smoke mode gives each a quarter of these).
 BUDGETS_S = {"environment": 20, "exactness": 70, "speed": 60, "memory": 120, "long_context": 140,
-             "shared_prefill": 50, "head_adaptive": 40}
+             "shared_prefill": 50, "head_adaptive": 40, "items": 90}
 TABLE1 = [snapkv.FullKV(), snapkv.SnapKV(budget=1024), snapkv.SnapKV(budget=2048),
           snapkv.SnapKV(budget=4096), snapkv.H2O(budget=4096)]
 
@@ -596,9 +597,37 @@ def section_head_adaptive(mode: Mode, clock: Clock) -> dict:
             "targets": "KV bytes within 2% of SnapKV's, decoding within 15%, peak within 10%"}
 
 
+def section_items(mode: Mode, clock: Clock) -> dict:
+    """Items in flight (``batch.items``): a LongBench-shaped run of random prompts on the LWM-7B shape,
+    eight of 2K tokens with 32-token answers and two of 8K with 512, Table 1's five settings: one at a
+    time (settings one after another, and decoded together) against the planner's batches (auto)."""
+    from omegaconf import OmegaConf
+
+    from eval.batching import BatchOptions
+    from eval.bench.items import measure_items
+    from eval.engine import Prompt
+    model = lwm_model(mode)
+    runner = Runner(model, mlp_chunk=mode.mlp_chunk)
+    vocab = mode.lwm["vocab_size"]
+    short, long = (64, 256) if mode.smoke else (2048, 8192)
+    answers = (4, 16) if mode.smoke else (32, 512)
+    prompts = [Prompt(tokens(1, short + short // 20 * i, vocab, mode.device, seed=10 + i)[0].tolist(), answers[0], [])
+               for i in range(8)]
+    prompts += [Prompt(tokens(1, long - long // 27 * i, vocab, mode.device, seed=20 + i)[0].tolist(), answers[1], [])
+                for i in range(2)]
+    settings = [mode.scaled(cfg) for cfg in TABLE1]
+    model_cfg = OmegaConf.create({"architecture": mode.lwm, "dtype": str(mode.dtype).removeprefix("torch."),
+                                  "attn_implementation": _LWM_MODELS["attn"], "mlp_chunk": mode.mlp_chunk})
+    result = measure_items(runner, prompts, settings, BatchOptions(items="auto"), model_cfg)
+    return {"model": f"random LWM-7B shape, {model_cfg.dtype}, {_LWM_MODELS['attn']}",
+            **{k: result[k] for k in ("items", "batch_sizes", "one_at_a_time_items_per_s", "together_items_per_s",
+                                      "in_flight_items_per_s", "speedup", "speedup_over_together", "answers",
+                                      "answers_equal", "token_agreement")}}
+
+
 SECTIONS = {"environment": section_environment, "exactness": section_exactness, "speed": section_speed,
             "memory": section_memory, "long_context": section_long_context, "shared_prefill": section_shared_prefill,
-            "head_adaptive": section_head_adaptive}
+            "head_adaptive": section_head_adaptive, "items": section_items}
 
 
 # -- report ------------------------------------------------------------------------------------

@@ -112,12 +112,41 @@ def finish_member(cache, first_row: int) -> None:
                                 for layer in state.layer_segments]
 
 
+def drop_rows(cache, rows: list[int]) -> None:
+    """Remove ``rows`` from a merged cache (their decoding is done): every layer keeps the other rows
+    (one copy of them), and the state their positions, masks and member segments. A step then computes
+    the remaining rows only."""
+    state = state_of(cache)
+    if state is None or state.cfg is not None:
+        raise InputError("drop_rows: only a merged cache (snapkv.merge_caches) drops rows")
+    gone = set(rows)
+    total = state.next_positions.shape[0]
+    keep = [r for r in range(total) if r not in gone]
+    index = torch.tensor(keep, device=state.next_positions.device)
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer._keys, layer._values = layer._keys[index], layer._values[index]
+            layer._show()
+        else:
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+    state.next_positions = state.next_positions[index]
+    if state.layer_masks is not None:
+        state.layer_masks = [mask[index] for mask in state.layer_masks]
+    if state.layer_segments is not None:
+        before = [0] * (total + 1)  # rows dropped before each row
+        for r in range(total):
+            before[r + 1] = before[r] + (r in gone)
+        state.layer_segments = [[(a - before[a], b - before[b], start) for a, b, start in layer
+                                 if b - before[b] > a - before[a]] for layer in state.layer_segments]
+
+
 def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     """One cache whose rows are ``caches``' rows, in order, for decoding them as one batch, with room
     for ``spare_tokens`` more tokens in every layer (it grows beyond that).
 
-    Every cache must come from the same prefill inside ``snapkv.compress`` (same prompt length), and
-    the result must be decoded inside that context. The given caches are emptied layer by layer as
+    Every cache must come from a prefill inside one ``snapkv.compress`` context (one prefill's settings,
+    or several prompts' caches: each row keeps its own positions), and the result must be decoded
+    inside that context. The given caches are emptied layer by layer as
     they are merged, so memory holds one copy (and the room)."""
     states = [state_of(cache) for cache in caches]
     if not caches or any(state is None for state in states):
@@ -125,8 +154,6 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     if any(state.head_adaptive for state in states):
         raise InputError("caches: a head-adaptive cache (adakv, critical_adakv, kvzip) holds a different number of "
                          "positions per head and decodes alone; merge uniform caches only")
-    if len({state.consumed for state in states}) > 1:
-        raise InputError("caches: the caches come from prompts of different lengths; merge one prefill's caches")
     if len({layout(cache) for cache in caches}) > 1:
         raise InputError("caches: the caches hold different heads per layer (gqa='repeat' and not); merge "
                          "caches of one layout (snapkv.merge.layout)")
@@ -154,7 +181,7 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
         masks.append(mask)
         padded = padded or not bool(mask.all())
     state = CacheState(pad_mask=None, next_positions=torch.cat([s.next_positions for s in states]),
-                       consumed=states[0].consumed, in_prefill=False, compressed=True,
+                       consumed=max(s.consumed for s in states), in_prefill=False, compressed=True,
                        cache_lengths={i: layer.keys.shape[-2] for i, layer in enumerate(merged.layers)},
                        layer_masks=masks if padded else None,
                        layer_segments=segments if padded and unpadded else None)

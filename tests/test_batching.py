@@ -17,17 +17,20 @@ SETTINGS = [snapkv.FullKV(), snapkv.SnapKV(budget=40, window=8, kernel=3), snapk
             snapkv.AdaKV(budget=40, window=8), snapkv.H2O(budget=40)]
 
 
+@pytest.mark.parametrize("prefill", ["each", "padded"])
 @pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("question", [0, 4])
-def test_a_batch_of_prompts_decodes_each_as_alone(together, question):
-    """Prompts of different lengths, left-padded into one batch, every setting on each (some shorter than
-    the budget): each item's tokens under each setting equal its own run's, with and without a question
-    part appended after the compression, decoded per setting or together."""
+def test_a_batch_of_prompts_decodes_each_as_alone(prefill, together, question):
+    """Prompts of different lengths, every setting on each (some shorter than the budget), prefilled one
+    after another or left-padded into one batch: each item's tokens under each setting equal its own
+    run's, with and without a question part appended after the compression, decoded per setting or
+    together."""
     model = tiny_model("llama-gqa")
     runner = Runner(model)
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(1, 128, (n,), generator=gen).tolist() for n in (150, 97, 30, 120)]
-    batched = runner.generate_items(prompts, SETTINGS, 6, together=together, question_tokens=question)
+    batched = runner.generate_items(prompts, SETTINGS, 6, together=together, question_tokens=question,
+                                    prefill=prefill)
     for prompt, per_setting in zip(prompts, batched):
         alone = runner.generate_shared(torch.tensor([prompt]), SETTINGS, 6, question_tokens=question)
         assert [g.tokens for g in per_setting] == [g.tokens for g in alone]
@@ -40,7 +43,9 @@ def test_rows_stop_on_their_own_in_a_batch():
     prompts = [torch.randint(1, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (90, 60)]
     alone = [runner.generate(torch.tensor([p]), SETTINGS[1], 8) for p in prompts]
     stop = alone[1].tokens[2]  # the second prompt stops at its third token
-    batched = runner.generate_items(prompts, [SETTINGS[1]], 8, stop_ids=[stop])
+    batched = runner.generate_items(prompts, [SETTINGS[1]], 8, stop_ids=[stop], prefill="padded")
+    assert [row[0].tokens for row in batched] == [row[0].tokens for row in runner.generate_items(
+        prompts, [SETTINGS[1]], 8, stop_ids=[stop])]
     expected = [runner.generate(torch.tensor([p]), SETTINGS[1], 8, stop_ids=[stop]).tokens for p in prompts]
     assert [row[0].tokens for row in batched] == expected and len(expected[1]) <= 3
 
@@ -69,19 +74,23 @@ def test_batches_share_their_generation_and_take_the_longest_first():
 def test_auto_plans_the_largest_batch_that_fits():
     from eval.runner import model_architecture
     from snapkv.memory import plan_shared
-    cfg = compose("longbench", ["model=tiny-llama-32l", "batch.items=auto", "batch.memory_gib=2"])
     settings = [snapkv.FullKV(), snapkv.SnapKV(budget=1024)]
-    size = AutoSize(batch_options(cfg), cfg.model, settings, "cpu", together=True)
-    n = size(4096, 64)
-    assert 1 < n < 16
-    arch = model_architecture(cfg.model)
-
-    def peak(batch):
-        return plan_shared(arch, 4096, settings, batch=batch, dtype="float32", decode_tokens=64,
-                           decode_together=True, device="cpu", padded=True)["peak_above_weights_bytes"]
     budget = int(2 * 2**30 * 0.9)
-    assert peak(n) <= budget < peak(n + 1)
-    assert size(512, 64) >= n  # shorter prompts: at least as many
+    for prefill in ("padded", "each"):
+        cfg = compose("longbench", ["model=tiny-llama-32l", "batch.items=auto", "batch.memory_gib=2",
+                                    f"batch.prefill={prefill}"])
+        size = AutoSize(batch_options(cfg), cfg.model, settings, "cpu", together=True)
+        n = size(4096, 64)
+        assert 1 < n < 16
+        assert size.peak_above_weights(n, 4096, 64) <= budget < size.peak_above_weights(n + 1, 4096, 64)
+        assert size(512, 64) >= n  # shorter prompts: at least as many
+        if prefill == "padded":  # one padded batch: the planner's batch of n prompts
+            planned = plan_shared(model_architecture(cfg.model), 4096, settings, batch=n, dtype="float32",
+                                  decode_tokens=64, decode_together=True, device="cpu", padded=True)
+            assert size.peak_above_weights(n, 4096, 64) == planned["peak_above_weights_bytes"]
+            padded_n = n
+        else:  # one prefill at a time: no padding mask, one prompt's transient
+            assert n >= padded_n
 
 
 def run_longbench(tmp_path, *extra, data="hotpotqa"):

@@ -44,6 +44,20 @@ def test_head_adaptive_rows_are_compared_with_snapkv_at_their_budget(tmp_path):
     assert "## Head-adaptive caches against SnapKV" in table and "| 1 | 256 | adakv-64 | " in table
 
 
+def test_batching_mode_times_items_in_flight_against_one_at_a_time(tmp_path):
+    from eval.bench.__main__ import run
+    overrides = ["model=tiny-llama", "model.max_length=600", "bench.batching.enabled=true", "bench.batching.short=3",
+                 "bench.batching.long=1", "bench.batching.batch=2", "bench.batching.settings=[{method: full},"
+                 "{method: snapkv, budget: 64, window: 8}]", "bench.batching.budget_scale=1", f"output_dir={tmp_path}"]
+    result = run(compose("bench", overrides))
+    assert json.loads((tmp_path / "items.json").read_text()) == result
+    assert result["items"] == 4 and result["batch_sizes"] == [1, 2, 1]  # one long; short ones two at a time
+    assert result["answers"] == 8 and 0 <= result["answers_equal"] <= 8 and result["speedup"] > 0
+    assert "| in flight (items and settings decoded together) |" in (tmp_path / "items.md").read_text()
+    with pytest.raises(snapkv.InputError, match="bench.batching.short=-1"):
+        run(compose("bench", overrides + ["bench.batching.short=-1"]))
+
+
 def test_a_batch_decodes_each_row_as_alone():
     from eval.runner import Runner
     model = tiny_model("llama-gqa")

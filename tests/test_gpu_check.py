@@ -32,6 +32,8 @@ def test_smoke_runs_every_section(tmp_path):
     ragged = sections["head_adaptive"]["result"]
     assert ragged["kv_bytes_ratio"] == 1.0 < ragged["padded_kv_bytes_ratio"] < ragged["masked_kv_bytes_ratio"]
     assert ragged["decode_ratio"] > 0 and ragged["peak_ratio"] > 0
+    items = sections["items"]["result"]
+    assert items["items"] == 10 and sum(items["batch_sizes"]) == 10 and items["in_flight_items_per_s"] > 0
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
 
 

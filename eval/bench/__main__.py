@@ -129,7 +129,7 @@ def run_sweep(cfg: DictConfig) -> dict:
 
 
 def run_items(cfg: DictConfig) -> dict:
-    """``bench.items.enabled``: LongBench items one at a time against items in flight (``eval.bench.items``)."""
+    """``bench.batching.enabled``: LongBench items one at a time against items in flight (``eval.bench.items``)."""
     from ..batching import batch_options
     from ..chat import stop_token_ids
     from ..engine import Prompt
@@ -139,17 +139,17 @@ def run_items(cfg: DictConfig) -> dict:
     from ..runner import Runner, load_model, load_tokenizer
     from .items import item_rows, markdown as items_markdown, measure_items
     from .sweep import scaled, settings_of
-    node = cfg.bench.items
-    options = batch_options({"batch": {"items": node.batch, "memory_gib": node.memory_gib,
+    node = cfg.bench.batching
+    options = batch_options({"batch": {"items": node.batch, "prefill": node.prefill, "memory_gib": node.memory_gib,
                                        "max_items": node.max_items}})
     spec = node.settings if isinstance(node.settings, str) else OmegaConf.to_container(node.settings, resolve=True)
     settings = scaled(settings_of(spec), float(node.budget_scale))
     for name in ("short", "long"):
         if isinstance(node[name], bool) or not isinstance(node[name], int) or node[name] < 0:
-            raise InputError(f"bench.items.{name}={node[name]!r} must be a whole number of rows, 0 or more")
+            raise InputError(f"bench.batching.{name}={node[name]!r} must be a whole number of rows, 0 or more")
     sample = read_dataset(dataset_file("multi_news", node.data_dir, "main"))
     out = output_dir(cfg)
-    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.items": OmegaConf.to_container(node)})
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.batching": OmegaConf.to_container(node)})
     tokenizer = load_tokenizer(cfg.model)
     model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
     runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
@@ -171,7 +171,7 @@ def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
     if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
         return run_sweep(cfg)
-    if cfg.bench.get("items") is not None and cfg.bench.items.enabled:
+    if cfg.bench.get("batching") is not None and cfg.bench.batching.enabled:
         return run_items(cfg)
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
         raise InputError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
