@@ -144,6 +144,7 @@ def run(task: PredictionTask, cfg):
         batch = batch_options(cfg)
         if batch.batched:  # batched arithmetic may round differently: not the one-at-a-time records
             settings["batch.items"] = batch.items
+            settings["batch.prefill"] = batch.prefill
         claim(one.out, settings, cfg.resume, task.result_names)
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
@@ -191,7 +192,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
                 continue
             prompt = task.prompt(item, model, tokenizer)
             question = 0 if aware else asked_after(prompt, item)
-            alone = [one for one in active if batch.prefill == "padded" and not one.compressor.pads_batches]
+            alone = [one for one in active if batch.prefill == "padded" and not one.compressor.takes_padded_batch()]
             if alone:  # item by item beside the batches (their method takes no padded batch)
                 run_one(task, runner, item, prompt, alone, together, question, progress,
                         counts=len(alone) == len(active))
@@ -266,6 +267,8 @@ def run_batch(task, runner, entries: list[Entry], together: bool, prefill: str, 
     except Exception as exc:
         if not is_oom(exc):
             raise
+        generations = None  # split once the exception, and the batch's tensors its frames hold, are gone
+    if generations is None:
         free_memory()
         half = len(entries) // 2
         run_batch(task, runner, entries[:half], together, prefill, progress)

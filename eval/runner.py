@@ -421,9 +421,11 @@ class Runner:
         (the last ones of each, appended uncompressed after the compression). ``prefill``: "each" prefills
         the prompts one after another (one shared prefill each: the caches equal their solo runs') and
         merges the caches of all of them (``together``: of every setting too; else setting by setting),
-        each member reading its own slots; "padded" prefills them as one left-padded batch (each row
-        compressed as its prompt alone is) and decodes each setting's rows together. A row that stops
-        early runs on until its batch's last one stops. ``prefill_s`` and ``decode_s`` are the batch's."""
+        each member reading its own slots and leaving the batch once it stops; "padded" prefills them as
+        one left-padded batch (each row compressed as its prompt alone is, where the setting
+        ``takes_padded_batch``) and decodes each setting's rows together, a stopped row running on until
+        its batch's last one stops. ``prefill_s`` is the batch's, ``decode_s`` its decoding batch's
+        (with its question passes)."""
         check_choice("batch.prefill", prefill, PREFILLS)
         if question_tokens and min(len(p) for p in prompts) <= question_tokens:
             raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
@@ -433,7 +435,7 @@ class Runner:
         from transformers import DynamicCache
         model = self.model
         chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        members, prefill_s, question_s = [], 0.0, 0.0  # (row, setting, cache, logits, lengths, kv bytes)
+        members, prefill_s = [], 0.0  # (row, setting, cache, logits, lengths, kv bytes, storage, question s)
         with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
             for row, prompt in enumerate(prompts):
                 context = torch.tensor([prompt[:len(prompt) - question_tokens]], device=self.device)
@@ -446,16 +448,16 @@ class Runner:
                 prefill_s += time.perf_counter() - start
                 caches, lengths = session.caches, session.lengths_per_setting
                 session.caches = []
-                start = time.perf_counter()
                 for i, cache in enumerate(caches):
+                    kv_bytes, storage = kv_cache_bytes(cache), storage_alternatives(cache, context.shape[1])
+                    start = time.perf_counter()
                     if question_tokens:
                         question = torch.tensor([prompt[len(prompt) - question_tokens:]], device=self.device)
                         logits = model(question, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
                     else:
                         logits = first_logits.clone()
-                    members.append((row, i, cache, logits, lengths[i], kv_cache_bytes(cache)))
-                _sync(self.device)
-                question_s += time.perf_counter() - start
+                    _sync(self.device)
+                    members.append((row, i, cache, logits, lengths[i], kv_bytes, storage, time.perf_counter() - start))
             caches = [m[2] for m in members]
             if together:
                 batches = self.decode_batches(caches) if self._can_merge() else [[k] for k in range(len(members))]
@@ -475,10 +477,11 @@ class Runner:
                 decoded = self._decode_rows(cache, torch.cat([members[k][3] for k in batch]), len(batch),
                                             max_new_tokens, set(stop_ids), min_new_tokens)
                 _sync(self.device)
-                decode_s = time.perf_counter() - start + question_s
+                decode_s = time.perf_counter() - start + sum(members[k][7] for k in batch)
                 for k, tokens in zip(batch, decoded):
-                    row, i, _, _, lengths, kv_bytes = members[k]
-                    results[row][i] = Generation(tokens, len(prompts[row]), prefill_s, decode_s, lengths, kv_bytes)
+                    row, i, _, _, lengths, kv_bytes, storage, _ = members[k]
+                    results[row][i] = Generation(tokens, len(prompts[row]), prefill_s, decode_s, lengths, kv_bytes,
+                                                 storage)
                     members[k] = None
                 del cache
         return results

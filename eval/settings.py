@@ -43,7 +43,7 @@ HARMLESS = {
          "shared_prefill",  # group: each setting goes to the folder of its solo run (the engine adds
                             # decode_together itself where it changes a record)
          "query_aware",     # the engine adds it where false (folders made before it existed stay valid)
-         "batch",           # the engine adds batch.items where above 1 (batched arithmetic may round otherwise)
+         "batch",           # the engine adds batch.items and batch.prefill where items are in flight
          "hydra"),          # Hydra's own node (in a composed config only)
     "model": ("name", "device_map", "mlp_chunk",  # mlp_chunk: the chunked MLP is exact
               "trained_context"),                 # a line on the needle heatmap

@@ -60,9 +60,13 @@ class CacheState:
                    prompt_length=q_len, row_pads=pads)
 
     def advance(self, q_len: int) -> None:
-        """A pass of ``q_len`` tokens on a cache nothing was cut from: a plain cache."""
+        """A pass of ``q_len`` tokens on a cache nothing was cut from: a plain cache (a padded batch's
+        padding mask grows with it, every new token real)."""
         self.consumed += q_len
         self.next_positions = self.next_positions + q_len
+        if self.pad_mask is not None and not self.compressed:
+            ones = torch.ones(self.pad_mask.shape[0], q_len, dtype=torch.bool, device=self.pad_mask.device)
+            self.pad_mask = torch.cat([self.pad_mask, ones], dim=1)
 
     def begin_pass(self, q_len: int, compress_later_turns: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A pass of ``q_len`` tokens after compression: the position ids the tokens take and the 2-D

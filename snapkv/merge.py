@@ -1,4 +1,5 @@
-"""Several caches of one prefill as one batch, so their settings decode together.
+"""Several caches as one batch, so they decode together: the settings of one prefill, or the caches
+of several prompts (items in flight).
 
 Decoding reads every weight once per step whatever the batch size, so the settings of a shared
 prefill (``snapkv.compress(model, [a, b, ...])``) can decode as one batch: ``merge_caches`` stacks
@@ -122,16 +123,19 @@ def drop_rows(cache, rows: list[int]) -> None:
     gone = set(rows)
     total = state.next_positions.shape[0]
     keep = [r for r in range(total) if r not in gone]
-    index = torch.tensor(keep, device=state.next_positions.device)
+    index = torch.tensor(keep)
+
+    def kept(tensor: torch.Tensor) -> torch.Tensor:  # layers may sit on other devices (device_map)
+        return tensor[index.to(tensor.device)]
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer):
-            layer._keys, layer._values = layer._keys[index], layer._values[index]
+            layer._keys, layer._values = kept(layer._keys), kept(layer._values)
             layer._show()
         else:
-            layer.keys, layer.values = layer.keys[index], layer.values[index]
-    state.next_positions = state.next_positions[index]
+            layer.keys, layer.values = kept(layer.keys), kept(layer.values)
+    state.next_positions = kept(state.next_positions)
     if state.layer_masks is not None:
-        state.layer_masks = [mask[index] for mask in state.layer_masks]
+        state.layer_masks = [kept(mask) for mask in state.layer_masks]
     if state.layer_segments is not None:
         before = [0] * (total + 1)  # rows dropped before each row
         for r in range(total):

@@ -47,9 +47,14 @@ class Method:
     # whether the method scores once the whole prompt is prefilled (KVzip): its layers are kept whole
     # during the prefill and cut after it (``replay_key``, ``scores``, ``cut``)
     scores_after_prefill: ClassVar[bool] = False
-    # whether each row of a left-padded batch is compressed as its prompt alone is (items in flight,
-    # ``batch.items``): per-layer budgets refuse padding, a replay takes one prompt
+    # whether each row of a left-padded batch can be compressed as its prompt alone is (items in flight,
+    # ``batch.prefill=padded``): per-layer budgets refuse padding, a replay takes one prompt
     pads_batches: ClassVar[bool] = True
+
+    def takes_padded_batch(self) -> bool:
+        """Whether each row of a left-padded batch is compressed as its prompt alone is: not where the
+        budget is a share of the prompt (``ratio``: the padded width's share would be taken)."""
+        return self.pads_batches and getattr(self, "ratio", None) is None
 
     def __post_init__(self) -> None:
         self.validate()

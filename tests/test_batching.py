@@ -27,6 +27,7 @@ def test_a_batch_of_prompts_decodes_each_as_alone(prefill, together, question):
     together."""
     model = tiny_model("llama-gqa")
     runner = Runner(model)
+    runner.weight_bytes = 2**40  # as on a GPU, where the weights dominate: every setting in one merged batch
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(1, 128, (n,), generator=gen).tolist() for n in (150, 97, 30, 120)]
     batched = runner.generate_items(prompts, SETTINGS, 6, together=together, question_tokens=question,
@@ -48,6 +49,12 @@ def test_rows_stop_on_their_own_in_a_batch():
         prompts, [SETTINGS[1]], 8, stop_ids=[stop])]
     expected = [runner.generate(torch.tensor([p]), SETTINGS[1], 8, stop_ids=[stop]).tokens for p in prompts]
     assert [row[0].tokens for row in batched] == expected and len(expected[1]) <= 3
+
+
+def test_settings_whose_rows_a_padded_batch_would_change_take_none():
+    assert snapkv.SnapKV(budget=64).takes_padded_batch() and snapkv.AdaKV(budget=128).takes_padded_batch()
+    assert not snapkv.SnapKV(budget=None, ratio=0.5).takes_padded_batch()  # a share of the padded width
+    assert not snapkv.PyramidKV(budget=64).takes_padded_batch() and not snapkv.KVzip(budget=64).takes_padded_batch()
 
 
 def test_batch_options_name_the_field_and_accept_what_users_type():
@@ -120,7 +127,7 @@ def test_longbench_with_items_in_flight_records_each_item_once_as_alone(tmp_path
     assert sorted(batched) == sorted(alone) and len(batched) == 7
     assert [batched[k]["pred"] for k in sorted(alone)] == [alone[k]["pred"] for k in sorted(alone)]
     settings = json.loads((tmp_path / "run" / "settings.json").read_text())
-    assert settings["batch.items"] == 3 and "batch.items" not in json.loads(
+    assert settings["batch.items"] == 3 and settings["batch.prefill"] == "each" and "batch.items" not in json.loads(
         (tmp_path / "alone" / "settings.json").read_text())
     with pytest.raises(snapkv.InputError, match="batch.items"):  # a rerun never mixes batched records with others
         run_longbench(tmp_path)

@@ -144,6 +144,10 @@ def run_items(cfg: DictConfig) -> dict:
                                        "max_items": node.max_items}})
     spec = node.settings if isinstance(node.settings, str) else OmegaConf.to_container(node.settings, resolve=True)
     settings = scaled(settings_of(spec), float(node.budget_scale))
+    alone = [cfg.label() for cfg in settings if not cfg.takes_padded_batch()]
+    if options.prefill == "padded" and alone:
+        raise InputError(f"bench.batching.prefill=padded: {', '.join(alone)} take no padded batch (per-layer "
+                         "budgets, a replay, or a ratio of the padded width); use bench.batching.prefill=each")
     for name in ("short", "long"):
         if isinstance(node[name], bool) or not isinstance(node[name], int) or node[name] < 0:
             raise InputError(f"bench.batching.{name}={node[name]!r} must be a whole number of rows, 0 or more")
