@@ -170,14 +170,19 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),
                              unit="item", dynamic_ncols=True))
     aware, together, batch = query_aware(cfg), decode_together(cfg), batch_options(cfg)
-    if not batch.batched:
-        for item in work:
+
+    def prompted(items):
+        """``(item, prompt, settings that run it, question tokens)`` for each item some setting runs."""
+        for item in items:
             active = active_runs(task, runs, item)
             if not active:
                 progress.advance(None)
                 continue
             prompt = task.prompt(item, model, tokenizer)
-            question = 0 if aware else asked_after(prompt, item)
+            yield item, prompt, active, 0 if aware else asked_after(prompt, item)
+
+    if not batch.batched:
+        for item, prompt, active, question in prompted(work):
             run_one(task, runner, item, prompt, active, together, question, progress)
         return
     size_for = (AutoSize(batch, cfg.model, [one.compressor for one in runs], device, together)
@@ -185,13 +190,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     window = WINDOW * batch.largest
     for start in range(0, len(work), window):
         entries = []
-        for item in work[start:start + window]:
-            active = active_runs(task, runs, item)
-            if not active:
-                progress.advance(None)
-                continue
-            prompt = task.prompt(item, model, tokenizer)
-            question = 0 if aware else asked_after(prompt, item)
+        for item, prompt, active, question in prompted(work[start:start + window]):
             alone = [one for one in active if batch.prefill == "padded" and not one.compressor.takes_padded_batch()]
             if alone:  # item by item beside the batches (their method takes no padded batch)
                 run_one(task, runner, item, prompt, alone, together, question, progress,

@@ -208,6 +208,19 @@ class Generation:
         return self.decode_s / max(len(self.tokens) - 1, 1)
 
 
+@dataclass
+class _Member:
+    """One item's cache under one setting, waiting for its decoding batch (``Runner.generate_items``)."""
+    row: int
+    setting: int
+    cache: object
+    logits: torch.Tensor | None
+    lengths: list
+    kv_bytes: int
+    storage: dict
+    question_s: float = 0.0
+
+
 def kv_cache_bytes(cache) -> int:
     """Bytes of keys and values a cache holds (a head-adaptive layer's buffers: each head's own slots)."""
     return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
@@ -245,6 +258,29 @@ class Runner:
         self.device = next(model.parameters()).device
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
+    @contextmanager
+    def _compressing(self, compressors: list):
+        """The compression session of ``compressors`` (and the chunked MLP where set) around prefills."""
+        chunk = snapkv.chunked_mlp(self.model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
+        with snapkv.compress(self.model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
+            yield session
+
+    def _prefill(self, session, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, float, list, list]:
+        """One timed prefill in ``session``: the last position's logits, its seconds, and the caches it left
+        (one per setting, let go of by the session so each can be freed once decoded) with their lengths."""
+        from transformers import DynamicCache
+        _sync(self.device)
+        start = time.perf_counter()
+        out = self.model(ids, cache=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1,
+                         **kwargs)
+        logits = out.logits[:, -1]
+        del out
+        _sync(self.device)
+        seconds = time.perf_counter() - start
+        caches, lengths = session.caches, session.lengths_per_setting
+        session.caches = []
+        return logits, seconds, caches, lengths
+
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                  stop_ids=(), min_new_tokens: int = 0, question_tokens: int = 0) -> Generation:
         """Greedy decoding of one prompt under ``compressor``. ``question_tokens``: the last ones are
@@ -274,7 +310,6 @@ class Runner:
     @torch.inference_mode()
     def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
                   together: bool = False, question_tokens: int = 0, decode_repeats: int = 0):
-        from transformers import DynamicCache
         model = self.model
         input_ids = input_ids.to(self.device)
         if not 0 <= question_tokens < input_ids.shape[1]:
@@ -282,17 +317,8 @@ class Runner:
                              "at least one must come before the question")
         split = input_ids.shape[1] - question_tokens
         context, question = input_ids[:, :split], input_ids[:, split:]
-        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
-            _sync(self.device)
-            start = time.perf_counter()
-            out = model(context, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-            first_logits = out.logits[:, -1]
-            del out
-            _sync(self.device)
-            prefill_s = time.perf_counter() - start
-            caches, lengths = session.caches, session.lengths_per_setting
-            session.caches = []  # so that each cache can be freed once it has decoded
+        with self._compressing(compressors) as session:
+            first_logits, prefill_s, caches, lengths = self._prefill(session, context)
             kv_bytes = [kv_cache_bytes(cache) for cache in caches]
             storage = [storage_alternatives(cache, split) for cache in caches]
             if decode_repeats:
@@ -432,39 +458,32 @@ class Runner:
         if prefill == "padded":
             return self._items_padded(prompts, compressors, max_new_tokens, stop_ids, min_new_tokens, together,
                                       question_tokens)
-        from transformers import DynamicCache
         model = self.model
-        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        members, prefill_s = [], 0.0  # (row, setting, cache, logits, lengths, kv bytes, storage, question s)
-        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
+        members, prefill_s = [], 0.0
+        with self._compressing(compressors) as session:
             for row, prompt in enumerate(prompts):
                 context = torch.tensor([prompt[:len(prompt) - question_tokens]], device=self.device)
-                _sync(self.device)
-                start = time.perf_counter()
-                out = model(context, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-                first_logits = out.logits[:, -1]
-                del out
-                _sync(self.device)
-                prefill_s += time.perf_counter() - start
-                caches, lengths = session.caches, session.lengths_per_setting
-                session.caches = []
+                first_logits, seconds, caches, lengths = self._prefill(session, context)
+                prefill_s += seconds
                 for i, cache in enumerate(caches):
-                    kv_bytes, storage = kv_cache_bytes(cache), storage_alternatives(cache, context.shape[1])
+                    member = _Member(row, i, cache, None, lengths[i], kv_cache_bytes(cache),
+                                     storage_alternatives(cache, context.shape[1]))
                     start = time.perf_counter()
                     if question_tokens:
                         question = torch.tensor([prompt[len(prompt) - question_tokens:]], device=self.device)
-                        logits = model(question, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                        member.logits = model(question, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
                     else:
-                        logits = first_logits.clone()
+                        member.logits = first_logits.clone()
                     _sync(self.device)
-                    members.append((row, i, cache, logits, lengths[i], kv_bytes, storage, time.perf_counter() - start))
-            caches = [m[2] for m in members]
+                    member.question_s = time.perf_counter() - start
+                    members.append(member)
+            caches = [m.cache for m in members]
             if together:
                 batches = self.decode_batches(caches) if self._can_merge() else [[k] for k in range(len(members))]
             else:
                 batches = []
                 for i in range(len(compressors)):
-                    own = [k for k, m in enumerate(members) if m[1] == i]
+                    own = [k for k, m in enumerate(members) if m.setting == i]
                     groups = self.decode_batches([caches[k] for k in own]) if self._can_merge() else [[j] for j in
                                                                                                     range(len(own))]
                     batches.extend([[own[j] for j in group] for group in groups])
@@ -472,16 +491,16 @@ class Runner:
             results = [[None] * len(compressors) for _ in prompts]
             for batch in batches:
                 start = time.perf_counter()
-                cache = members[batch[0]][2] if len(batch) == 1 else snapkv.merge_caches(
-                    [members[k][2] for k in batch], spare_tokens=max_new_tokens)
-                decoded = self._decode_rows(cache, torch.cat([members[k][3] for k in batch]), len(batch),
+                cache = members[batch[0]].cache if len(batch) == 1 else snapkv.merge_caches(
+                    [members[k].cache for k in batch], spare_tokens=max_new_tokens)
+                decoded = self._decode_rows(cache, torch.cat([members[k].logits for k in batch]), len(batch),
                                             max_new_tokens, set(stop_ids), min_new_tokens)
                 _sync(self.device)
-                decode_s = time.perf_counter() - start + sum(members[k][7] for k in batch)
+                decode_s = time.perf_counter() - start + sum(members[k].question_s for k in batch)
                 for k, tokens in zip(batch, decoded):
-                    row, i, _, _, lengths, kv_bytes, storage, _ = members[k]
-                    results[row][i] = Generation(tokens, len(prompts[row]), prefill_s, decode_s, lengths, kv_bytes,
-                                                 storage)
+                    m = members[k]
+                    results[m.row][m.setting] = Generation(tokens, len(prompts[m.row]), prefill_s, decode_s,
+                                                           m.lengths, m.kv_bytes, m.storage)
                     members[k] = None
                 del cache
         return results
@@ -489,7 +508,6 @@ class Runner:
     def _items_padded(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids,
                       min_new_tokens: int, together: bool, question_tokens: int) -> list[list[Generation]]:
         """``generate_items(prefill="padded")``: one left-padded prefill of every prompt."""
-        from transformers import DynamicCache
         model, rows = self.model, len(prompts)
         contexts = [ids[:len(ids) - question_tokens] for ids in prompts]
         width = max(len(c) for c in contexts)
@@ -502,19 +520,10 @@ class Runner:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         question = torch.tensor([p[len(p) - question_tokens:] for p in prompts], device=self.device) \
             if question_tokens else None
-        chunk = snapkv.chunked_mlp(model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
         results = [[None] * len(compressors) for _ in range(rows)]
-        with snapkv.compress(model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
-            _sync(self.device)
-            start = time.perf_counter()
-            out = model(ids, attention_mask=mask, position_ids=positions, cache=DynamicCache(config=model.config),
-                        use_cache=True, logits_to_keep=1)
-            first_logits = out.logits[:, -1]
-            del out
-            _sync(self.device)
-            prefill_s = time.perf_counter() - start
-            caches, lengths = session.caches, session.lengths_per_setting
-            session.caches = []
+        with self._compressing(compressors) as session:
+            first_logits, prefill_s, caches, lengths = self._prefill(session, ids, attention_mask=mask,
+                                                                     position_ids=positions)
             kv_bytes = [kv_cache_bytes(cache) // rows for cache in caches]
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]

@@ -368,30 +368,28 @@ class CompressionSession:
         ``keys``/``values`` as that cache's layer, and record what was kept."""
         length, kv_heads = keys.shape[-2], keys.shape[1]
         if valid is not None:  # head-adaptive: each head's own slots, packed
-            rows = kept.shape[0]
             with torch.no_grad():
-                held = state.slot_positions(idx, rows, kv_heads, length, kept.device).gather(-1, kept.to(torch.int64))
+                held = state.slot_positions(idx, kept.shape[0], kv_heads, length, kept.device)
+                held = held.gather(-1, kept.to(torch.int64))
                 cache.layers[idx] = RaggedLayer(*pack_heads(keys, values, kept, valid, held))
             state.head_adaptive = True
             state.prompt_length = state.consumed
-            state.record_layer(idx, budget)
-            state.mark_compressed(cache)
-            return
-        with torch.no_grad():
-            if kept.shape[1] != kv_heads:  # gqa="repeat": one selection per query head
-                keys = keys.repeat_interleave(groups, dim=1)
-                values = values.repeat_interleave(groups, dim=1)
-            gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
-            new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
-        current = cache.layers[idx]
-        if kept.shape[1] != kv_heads:
-            cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
-        elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
-            current.keys, current.values = new_keys, new_values
         else:
-            cache.layers[idx] = filled_layer(new_keys, new_values)
-        state.record_kept(kept)
-        state.record_slots(idx, kept, length)
+            with torch.no_grad():
+                if kept.shape[1] != kv_heads:  # gqa="repeat": one selection per query head
+                    keys = keys.repeat_interleave(groups, dim=1)
+                    values = values.repeat_interleave(groups, dim=1)
+                gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
+                new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
+            current = cache.layers[idx]
+            if kept.shape[1] != kv_heads:
+                cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
+            elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
+                current.keys, current.values = new_keys, new_values
+            else:
+                cache.layers[idx] = filled_layer(new_keys, new_values)
+            state.record_kept(kept)
+            state.record_slots(idx, kept, length)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
 

@@ -85,7 +85,8 @@ class RaggedLayer(DynamicLayer):
         self._place()
 
     def _place(self) -> None:
-        """Where each segment starts (host lists, for views) and where its next token goes (on the device)."""
+        """Where each segment starts (host lists, for views; and on the device) and where its next token
+        goes (on the device)."""
         self.starts = []
         for counts in self.prompt_counts:
             start, row = 0, []
@@ -93,9 +94,8 @@ class RaggedLayer(DynamicLayer):
                 row.append(start)
                 start += count + self.room
             self.starts.append(row)
-        device = self.keys.device
-        self._next = torch.tensor([[s + c for s, c in zip(starts, counts)]
-                                   for starts, counts in zip(self.starts, self.prompt_counts)], device=device)
+        self._starts = torch.tensor(self.starts, device=self.keys.device)
+        self._next = self._starts + torch.tensor(self.prompt_counts, device=self.keys.device)
 
     def _capacity(self) -> int:
         return max(sum(counts) for counts in self.prompt_counts) + self.kv_heads * self.room
@@ -225,10 +225,9 @@ def folded_attention(layer: RaggedLayer, query: torch.Tensor, scale: float) -> t
     rows, heads, _, d = query.shape
     groups = heads // layer.kv_heads
     capacity = layer.keys.shape[1]
-    starts = torch.tensor(layer.starts, device=query.device)
-    ends = starts + torch.tensor(layer.prompt_counts, device=query.device) + layer.filled
     slot = torch.arange(capacity, device=query.device)
-    visible = (slot >= starts[..., None]) & (slot < ends[..., None])          # [rows, kv_heads, capacity]
+    ends = layer._next + layer.filled
+    visible = (slot >= layer._starts[..., None]) & (slot < ends[..., None])   # [rows, kv_heads, capacity]
     scores = torch.matmul(query.reshape(rows, heads, d), layer.keys.transpose(1, 2)) * scale
     scores = scores.view(rows, layer.kv_heads, groups, capacity).masked_fill(~visible[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype).view(rows, heads, capacity)

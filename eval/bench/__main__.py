@@ -94,6 +94,22 @@ def _compressor_for_plan(cfg):
     return comp
 
 
+def _text_runner(cfg):
+    """``cfg.model`` with its tokenizer as a Runner, and the model's stop tokens."""
+    from ..chat import stop_token_ids
+    from ..runner import Runner, load_model, load_tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    return Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk")), stop_token_ids(model, tokenizer)
+
+
+def _settings_of(node) -> list:
+    """``node.settings`` (a preset name or a list) with budgets scaled by ``node.budget_scale``."""
+    from .sweep import scaled, settings_of
+    spec = node.settings if isinstance(node.settings, str) else OmegaConf.to_container(node.settings, resolve=True)
+    return scaled(settings_of(spec), float(node.budget_scale))
+
+
 def run_sweep(cfg: DictConfig) -> dict:
     """``bench.sweep.enabled``: solo runs of each setting against one shared prefill (``eval.bench.sweep``)."""
     import torch
@@ -101,20 +117,16 @@ def run_sweep(cfg: DictConfig) -> dict:
     from ..hydra_app import make_compressor, save_run_metadata
     from ..longbench.data import check_dataset, dataset_file, read_dataset
     from ..longbench.prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
-    from ..chat import stop_token_ids
-    from ..runner import Runner, load_model, load_tokenizer
-    from .sweep import markdown as sweep_markdown, measure_sweep, scaled, settings_of
+    from .sweep import markdown as sweep_markdown, measure_sweep
     sw = cfg.bench.sweep
-    spec = sw.settings if isinstance(sw.settings, str) else OmegaConf.to_container(sw.settings, resolve=True)
-    settings = scaled(settings_of(spec), float(sw.budget_scale))
+    settings = _settings_of(sw)
     dataset = check_dataset(sw.dataset)
     rows = read_dataset(dataset_file(dataset, sw.data_dir, "main"))[: int(sw.rows)]
     out = output_dir(cfg)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.sweep": OmegaConf.to_container(sw)})
-    tokenizer = load_tokenizer(cfg.model)
-    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
-    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
-    stops = stop_token_ids(model, tokenizer) + extra_stop_ids(tokenizer, dataset)
+    runner, model_stops = _text_runner(cfg)
+    tokenizer = runner.tokenizer
+    stops = model_stops + extra_stop_ids(tokenizer, dataset)
     n_new = generation_length(dataset, sw.max_new_tokens)
     prompts = [(torch.tensor([build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length),
                                               cfg.model.chat_format)]), n_new, stops,
@@ -131,19 +143,15 @@ def run_sweep(cfg: DictConfig) -> dict:
 def run_items(cfg: DictConfig) -> dict:
     """``bench.batching.enabled``: LongBench items one at a time against items in flight (``eval.bench.items``)."""
     from ..batching import batch_options
-    from ..chat import stop_token_ids
     from ..engine import Prompt
     from ..hydra_app import make_compressor, save_run_metadata
     from ..longbench.data import dataset_file, read_dataset
     from ..longbench.prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
-    from ..runner import Runner, load_model, load_tokenizer
     from .items import item_rows, markdown as items_markdown, measure_items
-    from .sweep import scaled, settings_of
     node = cfg.bench.batching
     options = batch_options({"batch": {"items": node.batch, "prefill": node.prefill, "memory_gib": node.memory_gib,
                                        "max_items": node.max_items}})
-    spec = node.settings if isinstance(node.settings, str) else OmegaConf.to_container(node.settings, resolve=True)
-    settings = scaled(settings_of(spec), float(node.budget_scale))
+    settings = _settings_of(node)
     alone = [cfg.label() for cfg in settings if not cfg.takes_padded_batch()]
     if options.prefill == "padded" and alone:
         raise InputError(f"bench.batching.prefill=padded: {', '.join(alone)} take no padded batch (per-layer "
@@ -154,10 +162,8 @@ def run_items(cfg: DictConfig) -> dict:
     sample = read_dataset(dataset_file("multi_news", node.data_dir, "main"))
     out = output_dir(cfg)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.batching": OmegaConf.to_container(node)})
-    tokenizer = load_tokenizer(cfg.model)
-    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
-    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
-    stops = stop_token_ids(model, tokenizer)
+    runner, stops = _text_runner(cfg)
+    tokenizer = runner.tokenizer
     prompts = [Prompt(build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length), cfg.model.chat_format),
                       generation_length(dataset, None), stops + extra_stop_ids(tokenizer, dataset),
                       min_new_tokens(dataset, cfg.model.protocol))
