@@ -150,6 +150,7 @@ class GridTask(PredictionTask):
             response = text.strip()
             cell.update(response=response, **self.score(response, prompt.fields), oom=False,
                         prefill_s=round(generation.prefill_s, 4),
-                        cache_tokens=max(generation.cache_lengths) if generation.cache_lengths else None)
+                        cache_tokens=max(generation.cache_lengths) if generation.cache_lengths else None,
+                        cost=generation.cost())
         finish_cell(run.out / self.results_file, cell)
         run.state["cells"].append(cell)

@@ -13,6 +13,14 @@ ENTRIES = {
     "adakv_expected_attention": {"method": "adakv", "scorer": "expected_attention", "scorer_epsilon": 0.01},
     "kvzip": {},
 }
+# our entry (and full KV) -> kvpress's name for it: its registry entry (``evaluation/evaluate_registry.py``), or
+# the press's class where the registry has no entry of it; the report names rows and lines with it
+KVPRESS_NAMES = {
+    "full": "no_press", "random": "random", "knorm": "knorm", "streamingllm": "streaming_llm", "tova": "tova",
+    "keydiff": "keydiff", "expected_attention": "ExpectedAttentionPress", "snapkv": "snapkv",
+    "pyramidkv": "pyramidkv", "adakv": "adakv_snapkv", "critical_adakv": "critical_adakv_snapkv",
+    "adakv_expected_attention": "expected_attention", "kvzip": "kvzip",
+}
 RATIOS = (0.25, 0.5, 0.75, 0.875)
 LENGTH = 4096
 # kvpress's SnapKVPress / PyramidKVPress / AdaKV scorer defaults (fields other methods do not read are dropped)

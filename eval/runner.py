@@ -197,15 +197,48 @@ def is_oom(exc: BaseException) -> bool:
 class Generation:
     tokens: list[int]
     input_tokens: int
-    prefill_s: float
+    prefill_s: float   # the prefill pass as timed, its compressions included (shared by every setting of it)
     decode_s: float
     cache_lengths: list[int] = field(default_factory=list)
     kv_cache_bytes: int = 0
     storage_bytes: dict = field(default_factory=dict)  # head-adaptive: padded_kv_bytes, masked_kv_bytes
+    compress_s: float = 0.0      # this setting's compression, as its solo run pays it (snapkv.timing)
+    prefill_pass_s: float = 0.0  # the prefill pass itself, every compression excluded
+    prefill_settings: int = 1    # the settings that shared the prefill
+    full_kv_bytes: int = 0       # what the uncompressed cache of the same prompt holds
+    decode_rows: int = 1         # the rows of the batch it decoded in (``decode_s`` is that batch's)
 
     @property
     def decode_s_per_token(self) -> float:
         return self.decode_s / max(len(self.tokens) - 1, 1)
+
+    def cost(self) -> dict:
+        """What the setting cost and saved on this item (a record's ``cost``; docs/runs.md)."""
+        cost = {"prompt_tokens": self.input_tokens, "kv_cache_bytes": self.kv_cache_bytes,
+                "full_kv_bytes": self.full_kv_bytes, "kept_tokens": int(sum(self.cache_lengths)),
+                "prefill_s": round(self.prefill_pass_s, 6), "prefill_settings": self.prefill_settings,
+                "compress_s": round(self.compress_s, 6), "decode_s": round(self.decode_s, 6),
+                "decode_tokens": len(self.tokens), "decode_rows": self.decode_rows}
+        if "masked_kv_bytes" in self.storage_bytes:  # head-adaptive: what kvpress's masked cache holds
+            cost["masked_kv_bytes"] = self.storage_bytes["masked_kv_bytes"]
+        return cost
+
+
+@dataclass
+class Prefill:
+    """What one timed prefill left: the last position's logits, the caches (one per setting, let go of by
+    the session so each can be freed once decoded) with their lengths, and its times."""
+    logits: torch.Tensor
+    seconds: float           # the whole pass, its compressions included
+    caches: list
+    lengths: list
+    compress_s: list         # per setting, as its solo run pays it
+    pass_s: float            # the pass itself, every compression excluded
+
+    def timing(self, setting: int) -> dict:
+        """The ``Generation`` fields of one setting's share of this prefill."""
+        return {"compress_s": self.compress_s[setting], "prefill_pass_s": self.pass_s,
+                "prefill_settings": len(self.compress_s)}
 
 
 @dataclass
@@ -219,6 +252,17 @@ class _Member:
     kv_bytes: int
     storage: dict
     question_s: float = 0.0
+    timing: dict = field(default_factory=dict)
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token of one row takes in every layer of an uncompressed cache."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * element
 
 
 def kv_cache_bytes(cache) -> int:
@@ -257,6 +301,7 @@ class Runner:
         self.mlp_chunk = mlp_chunk
         self.device = next(model.parameters()).device
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.token_kv_bytes = kv_bytes_per_token(model)
 
     @contextmanager
     def _compressing(self, compressors: list):
@@ -265,9 +310,8 @@ class Runner:
         with snapkv.compress(self.model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
             yield session
 
-    def _prefill(self, session, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, float, list, list]:
-        """One timed prefill in ``session``: the last position's logits, its seconds, and the caches it left
-        (one per setting, let go of by the session so each can be freed once decoded) with their lengths."""
+    def _prefill(self, session, ids: torch.Tensor, **kwargs) -> Prefill:
+        """One timed prefill in ``session``."""
         from transformers import DynamicCache
         _sync(self.device)
         start = time.perf_counter()
@@ -277,9 +321,11 @@ class Runner:
         del out
         _sync(self.device)
         seconds = time.perf_counter() - start
-        caches, lengths = session.caches, session.lengths_per_setting
+        compress_s, compressing = session.compression_seconds()
+        done = Prefill(logits, seconds, session.caches, session.lengths_per_setting, compress_s,
+                       max(0.0, seconds - compressing))
         session.caches = []
-        return logits, seconds, caches, lengths
+        return done
 
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                  stop_ids=(), min_new_tokens: int = 0, question_tokens: int = 0) -> Generation:
@@ -318,12 +364,14 @@ class Runner:
         split = input_ids.shape[1] - question_tokens
         context, question = input_ids[:, :split], input_ids[:, split:]
         with self._compressing(compressors) as session:
-            first_logits, prefill_s, caches, lengths = self._prefill(session, context)
+            pre = self._prefill(session, context)
+            first_logits, caches = pre.logits, pre.caches
             kv_bytes = [kv_cache_bytes(cache) for cache in caches]
             storage = [storage_alternatives(cache, split) for cache in caches]
+            full_bytes = self.token_kv_bytes * split
             if decode_repeats:
-                return self._decode_copies(caches.pop(), first_logits, input_ids.shape[1], prefill_s, lengths[0],
-                                           kv_bytes[0], max_new_tokens, decode_repeats, storage[0])
+                return self._decode_copies(caches.pop(), input_ids.shape[1], pre, kv_bytes[0], max_new_tokens,
+                                           decode_repeats, storage[0], full_bytes)
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]
             results = [None] * len(caches)
@@ -346,23 +394,24 @@ class Runner:
                 _sync(self.device)
                 decode_s = time.perf_counter() - start
                 for i, tokens in zip(batch, decoded):
-                    results[i] = Generation(tokens, input_ids.shape[1], prefill_s, decode_s, lengths[i], kv_bytes[i],
-                                            storage[i])
+                    results[i] = Generation(tokens, input_ids.shape[1], pre.seconds, decode_s, pre.lengths[i],
+                                            kv_bytes[i], storage[i], **pre.timing(i), full_kv_bytes=full_bytes,
+                                            decode_rows=len(batch))
                     caches[i] = None
                 del cache
         return results
 
-    def _decode_copies(self, cache, logits, input_tokens: int, prefill_s: float, lengths, kv_bytes: int,
-                       max_new_tokens: int, repeats: int, storage: dict) -> list[Generation]:
+    def _decode_copies(self, cache, input_tokens: int, pre: Prefill, kv_bytes: int, max_new_tokens: int,
+                       repeats: int, storage: dict, full_bytes: int) -> list[Generation]:
         runs = []
         for left in range(repeats - 1, -1, -1):
             this = copy.deepcopy(cache) if left else cache
             _sync(self.device)
             start = time.perf_counter()
-            tokens = self._decode(this, logits.clone(), max_new_tokens, set(), 0)
+            tokens = self._decode(this, pre.logits.clone(), max_new_tokens, set(), 0)
             _sync(self.device)
-            runs.append(Generation(tokens, input_tokens, prefill_s, time.perf_counter() - start, lengths, kv_bytes,
-                                   storage))
+            runs.append(Generation(tokens, input_tokens, pre.seconds, time.perf_counter() - start, pre.lengths[0],
+                                   kv_bytes, storage, **pre.timing(0), full_kv_bytes=full_bytes))
             del this
         return runs
 
@@ -463,11 +512,13 @@ class Runner:
         with self._compressing(compressors) as session:
             for row, prompt in enumerate(prompts):
                 context = torch.tensor([prompt[:len(prompt) - question_tokens]], device=self.device)
-                first_logits, seconds, caches, lengths = self._prefill(session, context)
-                prefill_s += seconds
-                for i, cache in enumerate(caches):
-                    member = _Member(row, i, cache, None, lengths[i], kv_cache_bytes(cache),
-                                     storage_alternatives(cache, context.shape[1]))
+                pre = self._prefill(session, context)
+                first_logits = pre.logits
+                prefill_s += pre.seconds
+                for i, cache in enumerate(pre.caches):
+                    member = _Member(row, i, cache, None, pre.lengths[i], kv_cache_bytes(cache),
+                                     storage_alternatives(cache, context.shape[1]),
+                                     timing={**pre.timing(i), "full_kv_bytes": self.token_kv_bytes * context.shape[1]})
                     start = time.perf_counter()
                     if question_tokens:
                         question = torch.tensor([prompt[len(prompt) - question_tokens:]], device=self.device)
@@ -477,6 +528,7 @@ class Runner:
                     _sync(self.device)
                     member.question_s = time.perf_counter() - start
                     members.append(member)
+                del pre
             caches = [m.cache for m in members]
             if together:
                 batches = self.decode_batches(caches) if self._can_merge() else [[k] for k in range(len(members))]
@@ -500,7 +552,8 @@ class Runner:
                 for k, tokens in zip(batch, decoded):
                     m = members[k]
                     results[m.row][m.setting] = Generation(tokens, len(prompts[m.row]), prefill_s, decode_s,
-                                                           m.lengths, m.kv_bytes, m.storage)
+                                                           m.lengths, m.kv_bytes, m.storage, **m.timing,
+                                                           decode_rows=len(batch))
                     members[k] = None
                 del cache
         return results
@@ -522,8 +575,8 @@ class Runner:
             if question_tokens else None
         results = [[None] * len(compressors) for _ in range(rows)]
         with self._compressing(compressors) as session:
-            first_logits, prefill_s, caches, lengths = self._prefill(session, ids, attention_mask=mask,
-                                                                     position_ids=positions)
+            pre = self._prefill(session, ids, attention_mask=mask, position_ids=positions)
+            first_logits, caches = pre.logits, pre.caches
             kv_bytes = [kv_cache_bytes(cache) // rows for cache in caches]
             batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
                                                                                           range(len(caches))]
@@ -548,8 +601,10 @@ class Runner:
                 decode_s = time.perf_counter() - start
                 for k, i in enumerate(batch):
                     for row in range(rows):
-                        results[row][i] = Generation(decoded[k * rows + row], len(prompts[row]), prefill_s, decode_s,
-                                                     lengths[i], kv_bytes[i])
+                        results[row][i] = Generation(decoded[k * rows + row], len(prompts[row]), pre.seconds, decode_s,
+                                                     pre.lengths[i], kv_bytes[i], **pre.timing(i),
+                                                     full_kv_bytes=self.token_kv_bytes * len(contexts[row]),
+                                                     decode_rows=len(batch) * rows)
                     caches[i] = None
                 del cache
         return results

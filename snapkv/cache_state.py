@@ -29,6 +29,7 @@ import torch
 
 from .errors import InputError
 from .method import Method
+from .timing import Ledger
 from .transformers_workarounds import report_consumed
 
 
@@ -52,6 +53,7 @@ class CacheState:
     prompt_length: int = 0              # the (padded) prompt length of the latest compressing pass
     row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
     prompt_ids: torch.Tensor | None = None  # the prompt, for a method scoring after the prefill (KVzip)
+    compression: Ledger = field(default_factory=Ledger)  # this setting's compression time (snapkv.timing)
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":

@@ -32,6 +32,7 @@ from .cache_state import CacheState, set_state, state_of
 from .errors import InputError
 from .method import Method
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
+from .timing import Clock, Ledger
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
                                        filled_layer, kv_groups_for, route_attention, takes_ragged_attention)
 
@@ -51,12 +52,19 @@ class LayerContext:
     projected_queries: torch.Tensor | None = None  # the module's own q_proj output, kept for a method
     memo: dict = field(default_factory=dict)       # reading every query (``Method.reads_every_query``)
     rotary: torch.nn.Module | None = None          # the model's rotary embedding (RoPE at any position)
+    clock: Clock | None = None                     # times each shared score (``spans``) for the settings' costs
+    spans: dict = field(default_factory=dict)      # key -> the span its computation took
+    reads: set = field(default_factory=set)        # keys the setting compressed now has read
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
         (the key must name every input besides this layer's own tensors)."""
         if key not in self.memo:
+            started = self.clock.start() if self.clock is not None else None
             self.memo[key] = compute()
+            if self.clock is not None:
+                self.spans[key] = self.clock.stop(started)
+        self.reads.add(key)
         return self.memo[key]
 
     def queries(self, n: int) -> torch.Tensor:
@@ -100,6 +108,7 @@ class CompressionSession:
         self._rotary = getattr(self.decoder, "rotary_emb", None)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self.caches: list = []                # of the latest prefill, one per setting
+        self.compression = Ledger()           # of the latest prefill: every setting's compression, shared work once
         self._handles: list = []
         self._groups = {}
         self._attention = model.config._attn_implementation  # restored after a call routed elsewhere
@@ -147,6 +156,13 @@ class CompressionSession:
         """Per setting, in the order given, the tokens per head each layer kept at the last prefill."""
         return [state_of(cache).lengths() for cache in self.caches]
 
+    def compression_seconds(self) -> tuple[list[float], float]:
+        """After the last prefill (read once the device has finished it): per setting, the seconds its
+        compression took as its solo run pays them (a score several settings share counts for each of
+        them), and the seconds every compression of the prefill took together (shared work once); the
+        prefill pass itself is its time less the latter."""
+        return [state_of(cache).compression.total() for cache in self.caches], self.compression.total()
+
     # -- decoder-level hooks ----------------------------------------------------------------
     def _before_decoder(self, module, args, kwargs):
         cache = cache_argument(kwargs)
@@ -156,8 +172,12 @@ class CompressionSession:
         if tokens is None and args:
             tokens = args[0]
         q_len = tokens.shape[1]
+        created = cache is None and self._wants_cache(module, kwargs)
+        if created:  # the cache the model would create itself: made here, so it is compressed like any other
+            kwargs.pop("past_key_values", None)
+            cache = kwargs["cache"] = DynamicCache(config=self.model.config)
         if cache is None:
-            return None
+            return None  # use_cache=False: nothing is stored, nothing to compress
         check_cache(cache)
         state = state_of(cache)
         if state is None:
@@ -167,7 +187,8 @@ class CompressionSession:
             set_state(cache, state)
             self.state = state
             self.caches = [cache] + [sibling for sibling, _ in state.siblings]
-            return None
+            self.compression = Ledger()
+            return (args, kwargs) if created else None
         if not state.compressed:  # e.g. full KV, or a prompt within the budget: a plain cache
             state.advance(q_len)
             return None
@@ -183,6 +204,14 @@ class CompressionSession:
         # no kept padding: causal masking is right for every layer, whatever its length (a
         # multi-token continuation gets a per-layer mask in _before_attention)
         return args, kwargs
+
+    @staticmethod
+    def _wants_cache(module, kwargs) -> bool:
+        """Whether a pass given no cache makes one (``use_cache``, else the model config's default)."""
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(module.config, "use_cache", True)
+        return bool(use_cache)
 
     def _start_prefill(self, kwargs, q_len: int, tokens) -> CacheState:
         mask = kwargs.get("attention_mask")
@@ -236,23 +265,37 @@ class CompressionSession:
         """Methods that score once the whole prompt has been prefilled (KVzip): their caches still hold
         every layer whole; each distinct scoring runs once for all its settings (KVzip's replay for every
         ratio), then each cache keeps what its setting keeps."""
-        scored = {}
+        scored, spans = {}, {}
         for cache, state in waiting:
             cfg = state.cfg
             full = [(layer.keys, layer.values) for layer in cache.layers]
+            clock = Clock(full[0][0].device)
             if cfg.replay_key() not in scored:
+                started = clock.start()
                 with torch.no_grad():
                     scored[cfg.replay_key()] = cfg.scores(self, full, state.prompt_ids)
-            for idx, (kept, valid) in enumerate(cfg.cut(scored[cfg.replay_key()])):
-                keys, values = full[idx]
-                if bool(valid.all()):
-                    if kept.shape[-1] == keys.shape[-2]:  # nothing cut: the layer stays as it is
-                        continue
-                    valid = None  # every head keeps as many: a uniform layer
-                per_head = kept.shape[-1] if valid is None else int(valid.sum(dim=-1).float().mean().item())
-                self._store(cache, state, idx, keys, values, kept, valid, per_head,
-                            self._groups[self.layers[idx].self_attn])
-            state.prompt_ids = None  # scored once
+                spans[cfg.replay_key()] = clock.stop(started)
+                self.compression.add(spans[cfg.replay_key()])
+            state.compression.add(spans[cfg.replay_key()])  # each setting of a replay pays it, as alone
+            started = clock.start()
+            self._cut_scored(cache, state, full, scored[cfg.replay_key()])
+            cut = clock.stop(started)
+            state.compression.add(cut)
+            self.compression.add(cut)
+
+    def _cut_scored(self, cache, state: CacheState, full: list, scored) -> None:
+        """Keep what ``state``'s setting keeps of every layer of ``cache`` given its replay's scores."""
+        cfg = state.cfg
+        for idx, (kept, valid) in enumerate(cfg.cut(scored)):
+            keys, values = full[idx]
+            if bool(valid.all()):
+                if kept.shape[-1] == keys.shape[-2]:  # nothing cut: the layer stays as it is
+                    continue
+                valid = None  # every head keeps as many: a uniform layer
+            per_head = kept.shape[-1] if valid is None else int(valid.sum(dim=-1).float().mean().item())
+            self._store(cache, state, idx, keys, values, kept, valid, per_head,
+                        self._groups[self.layers[idx].self_attn])
+        state.prompt_ids = None  # scored once
 
     @property
     def decoder(self):
@@ -336,10 +379,21 @@ class CompressionSession:
         layer = cache.layers[idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
-                           idx, len(self.layers), projected, rotary=self._rotary)
+                           idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device))
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
+            known, ctx.reads = set(ctx.spans), set()
+            started = ctx.clock.start()
             self._compress_layer(ctx, target, target_state)
+            span = ctx.clock.stop(started)
+            self.compression.add(span)
+            # as its solo run pays: a shared score this setting computed counts once, like any it read
+            ledger = target_state.compression
+            ledger.add(span)
+            for key in set(ctx.spans) - known:
+                ledger.add(ctx.spans[key], -1)
+            for key in ctx.reads:
+                ledger.add(ctx.spans[key])
         return None
 
     def _compress_layer(self, ctx: LayerContext, cache, state: CacheState) -> None:

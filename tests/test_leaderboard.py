@@ -7,9 +7,22 @@ import pytest
 
 from eval import leaderboard
 
-pytestmark = pytest.mark.slow
+
+def test_every_entry_has_its_kvpress_name_and_every_setting_is_matched_back_to_its_entry():
+    """The report names each leaderboard setting by kvpress's registry: the setting ``settings()`` makes of
+    an entry is that entry again (adakv and adakv_expected_attention share a method, told apart by the scorer)."""
+    from eval.report.leaderboard import kvpress_entry, method_name
+    assert set(leaderboard.KVPRESS_NAMES) == {"full", *leaderboard.ENTRIES}
+    assert len(set(leaderboard.KVPRESS_NAMES.values())) == len(leaderboard.KVPRESS_NAMES)
+    entries = [name for name in leaderboard.ENTRIES for _ in leaderboard.RATIOS]
+    settings = leaderboard.settings()
+    assert kvpress_entry(settings[0]) == "full"
+    for entry, setting in zip(entries, settings[1:]):
+        assert kvpress_entry(setting) == entry
+        assert method_name(setting).split(" (")[0] == leaderboard.KVPRESS_NAMES[entry]
 
 
+@pytest.mark.slow
 def test_the_preset_runs_as_one_job_and_reports_every_entry_at_every_ratio(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "eval.ruler", "-m", "experiment=kvpress_leaderboard",
                            "model=tiny-llama", "ruler.tasks=[niah_single_1]", "ruler.lengths=[1024]",
@@ -26,6 +39,15 @@ def test_the_preset_runs_as_one_job_and_reports_every_entry_at_every_ratio(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "report" / "leaderboard.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and "method" not in line]
+    board, costs = md.split("Cost per item")  # every record carries its cost: a second table
+    rows = [line for line in board.splitlines() if line.startswith("| ") and "method" not in line]
     assert len(rows) == 1 + len(leaderboard.ENTRIES)  # full KV and one row an entry
     assert all(line.count("|") == 2 + 5 + 1 for line in rows)  # ratio 0, the four ratios, the average
-    assert (tmp_path / "report" / "leaderboard_tiny-llama_1024_agnostic.png").exists()
+    names = {line.split(" | ")[0][2:].split(" (")[0] for line in rows}
+    assert names == set(leaderboard.KVPRESS_NAMES.values())  # kvpress's names
+    cost_rows = [line.split(" | ") for line in costs.splitlines() if line.startswith("| ") and "method" not in line]
+    assert len(cost_rows) == settings and all(row[2] and row[5] != " |" for row in cost_rows)  # no blanks
+    masked = {leaderboard.KVPRESS_NAMES[e] for e in ("adakv", "critical_adakv", "adakv_expected_attention", "kvzip")}
+    assert all(("(kvpress " in row[2]) == (row[0][2:].split(" (")[0] in masked) for row in cost_rows)
+    for suffix in ("", "_memory", "_time"):
+        assert (tmp_path / "report" / f"leaderboard_tiny-llama_1024_agnostic{suffix}.png").exists()

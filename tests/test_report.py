@@ -32,6 +32,32 @@ def fake_ruler_run(runs, tag, compressor, average, query_aware=True, complete=Fa
                                                           "complete": complete, "counts": {}}}))
 
 
+MIB = 2 ** 20
+
+
+def cost(kv_mib, full_mib=64, masked_mib=None, prefill_s=2.0, compress_s=0.4, decode_s=0.75, tokens=50):
+    """A record's ``cost`` (the fields every prediction record carries)."""
+    out = {"prompt_tokens": 4000, "kv_cache_bytes": int(kv_mib * MIB), "full_kv_bytes": int(full_mib * MIB),
+           "kept_tokens": 1000, "prefill_s": prefill_s, "prefill_settings": 49, "compress_s": compress_s,
+           "decode_s": decode_s, "decode_tokens": tokens}
+    if masked_mib is not None:
+        out["masked_kv_bytes"] = int(masked_mib * MIB)
+    return out
+
+
+def two_items(share, masked=False):
+    """Two records whose means are: KV ``share`` x 64 MiB of full KV's 64 MiB (kvpress: all of it where
+    ``masked``), compression 20% of the prefill, 15 ms per decoded token."""
+    return [cost(60 * share, 60, 60 if masked else None, compress_s=0.2, decode_s=1.0),
+            cost(68 * share, 68, 68 if masked else None, compress_s=0.6, decode_s=0.5)]
+
+
+def write_records(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"index": i, "pred": "x", **({"cost": c} if c else {})}) + "\n"
+                            for i, c in enumerate(records)))
+
+
 def report(tmp_path):
     from eval.report.__main__ import run
     run(compose("report", [f"report.runs={tmp_path / 'runs'}", f"report.out={tmp_path}/out"]))
@@ -169,10 +195,122 @@ def test_ratio_runs_make_the_leaderboard_table_and_figure(tmp_path):
     md = (out / "leaderboard.md").read_text()
     assert "## m, RULER 4096 tokens, query-agnostic" in md
     rows = [line for line in md.splitlines() if line.startswith("| ") and "method" not in line]
-    assert rows == ["| FullKV | 95.00 | – | – | – |",
-                    "| AdaKV | 95.00 | 90.00 | 70.00* | 80.00 |",
-                    "| Knorm | 95.00 | 80.00 | 40.00 | 60.00 |"]
+    assert rows == ["| no_press (FullKV) | 95.00 | – | – | – |",     # kvpress's names, our label beside
+                    "| adakv_snapkv (AdaKV) | 95.00 | 90.00 | 70.00* | 80.00 |",
+                    "| knorm | 95.00 | 80.00 | 40.00 | 60.00 |"]
     assert "SnapKV" not in md  # a budget in tokens is no leaderboard point
+    assert "Cost per item" not in md  # runs without cost fields: no cost table, no cost figures
     assert (out / "leaderboard_m_4096_agnostic.png").exists()
+    assert not (out / "leaderboard_m_4096_agnostic_memory.png").exists()
     csv_rows = (out / "leaderboard.csv").read_text().splitlines()
-    assert csv_rows[0] == "model,length,query_aware,method,ratio,ruler_average" and len(csv_rows) == 1 + 1 + 3 + 3
+    assert csv_rows[0] == ("model,length,query_aware,method,ratio,ruler_average,kv_mib,kv_share,kvpress_kv_mib,"
+                           "kvpress_kv_share,compress_overhead,decode_ms_per_token,cost_items")
+    assert len(csv_rows) == 1 + 1 + 3 + 3 and all(row.endswith(",,,,,,,") for row in csv_rows[1:])  # blanks
+
+
+def capture_figures(monkeypatch):
+    """The lines of every figure the leaderboard saves: ``{file name: [(label, colour, marker)]}``."""
+    import matplotlib.colors
+    from eval.report import leaderboard as board
+    figures, save = {}, board.save_figure
+
+    def keep(fig, path, **kw):
+        figures[path.name] = [(line.get_label(), matplotlib.colors.to_hex(line.get_color()), line.get_marker())
+                              for ax in fig.axes for line in ax.get_lines()]
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(board, "save_figure", keep)
+    return figures
+
+
+def test_leaderboard_gives_memory_overhead_decode_speed_and_kvpress_masked_bytes(tmp_path, monkeypatch):
+    """Every entry at ratio 0.5 with cost fields (and knorm at 0.75 without): the cost table's values, the
+    CSV's, kvpress's masked bytes beside head-adaptive methods and KVzip, kvpress's names on every line of
+    the three figures, each line its own (colour, marker)."""
+    from eval import leaderboard
+    figures = capture_figures(monkeypatch)
+    runs = tmp_path / "runs"
+    masked = {"adakv", "critical_adakv", "adakv_expected_attention", "kvzip"}
+    fake_ruler_run(runs, "full", {"method": "full", "budget": None}, 95.0, query_aware=False)
+    write_records(runs / "ruler/m/full/pred/4096/vt.jsonl",
+                  [cost(60, 60, compress_s=0.0, decode_s=1.0), None])  # and an out-of-memory record: no cost
+    for entry, fields in leaderboard.ENTRIES.items():  # as settings() makes them
+        setting = {"method": entry, **leaderboard.WINDOW_FAMILY, **fields, "budget": None, "ratio": 0.5}
+        tag = f"{entry}-50"
+        fake_ruler_run(runs, tag, setting, 50.0 + len(tag), query_aware=False)
+        write_records(runs / f"ruler/m/{tag}/pred/4096/vt.jsonl", two_items(0.5, masked=entry in masked))
+    fake_ruler_run(runs, "knorm-75", {"method": "knorm", "budget": None, "ratio": 0.75}, 30.0, query_aware=False)
+    out = report(tmp_path)
+    md = (out / "leaderboard.md").read_text()
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ")[2:] for line in md.split("Cost per item")[1].splitlines()
+            if line.startswith("| ") and "method" not in line}
+    assert rows[("| no_press (FullKV)", "0")] == ["60.0", "100.0%", "0.0%", "20.00 |"]  # one record had cost
+    assert rows[("| knorm", "0.5")] == ["32.0", "50.0%", "20.0%", "15.00 |"]
+    assert rows[("| knorm", "0.75")] == ["", "", "", " |"]                                 # no cost: blanks
+    assert rows[("| adakv_snapkv (AdaKV)", "0.5")] == ["32.0 (kvpress 64.0)", "50.0% (kvpress 100.0%)", "20.0%",
+                                                       "15.00 |"]
+    assert rows[("| kvzip", "0.5")][0] == "32.0 (kvpress 64.0)"
+    assert rows[("| snapkv (SnapKV, window 64, kernel 5, pooling avgpool)", "0.5")][0] == "32.0"
+    names = {"no_press (FullKV)", "random (Random, window 64)", "knorm", "streaming_llm", "tova", "keydiff",
+             "ExpectedAttentionPress (ExpectedAttention)", "snapkv (SnapKV, window 64, kernel 5, pooling avgpool)",
+             "pyramidkv (PyramidKV, window 64, kernel 5, pooling avgpool)", "adakv_snapkv (AdaKV)",
+             "critical_adakv_snapkv (CriticalAdaKV)",
+             "expected_attention (AdaKV, scorer expected_attention, scorer_epsilon 0.01)", "kvzip"}
+    assert {name[2:] for name, _ in rows} == names
+    csv_rows = {(r["method"], r["ratio"]): r for r in __import__("csv").DictReader((out / "leaderboard.csv").open())}
+    adakv = csv_rows[("adakv_snapkv (AdaKV)", "0.5")]
+    assert (adakv["kv_mib"], adakv["kv_share"], adakv["kvpress_kv_mib"], adakv["kvpress_kv_share"],
+            adakv["compress_overhead"], adakv["decode_ms_per_token"], adakv["cost_items"]) == \
+        ("32.0", "0.5", "64.0", "1.0", "0.2", "15.0", "2")
+    assert csv_rows[("knorm", "0.5")]["kvpress_kv_mib"] == "32.0" and csv_rows[("knorm", "0.75")]["kv_mib"] == ""
+    stem = "leaderboard_m_4096_agnostic"
+    assert set(figures) == {f"{stem}.png", f"{stem}_memory.png", f"{stem}_time.png"}
+    for name, lines in figures.items():
+        methods = [(label, colour, marker) for label, colour, marker in lines if label in names - {"no_press (FullKV)"}]
+        assert {label for label, _, _ in methods} == names - {"no_press (FullKV)"}, name
+        assert len({(colour, marker) for _, colour, marker in methods}) == len(methods) == 12, name
+        assert (out / name).exists() and (out / name).with_suffix(".pdf").exists()
+    assert "Pareto front" in [label for label, _, _ in figures[f"{stem}_memory.png"]]
+
+
+def test_pareto_front_keeps_the_most_score_for_the_least_memory():
+    from eval.report.leaderboard import _pareto
+    points = [(10, 50), (20, 40), (20, 60), (30, 60), (40, 70), (5, 10), (40, 65)]
+    assert _pareto(points) == [(5, 10), (10, 50), (20, 60), (40, 70)]
+
+
+def test_a_run_is_named_by_the_kvpress_entry_its_fields_match():
+    from eval.report.leaderboard import kvpress_entry, method_name
+    window = {"window": 64, "kernel": 5, "pooling": "avgpool", "budget": None, "ratio": 0.5}
+    assert kvpress_entry({"method": "adakv", **window}) == "adakv"
+    assert kvpress_entry({"method": "adakv", **window, "scorer": "expected_attention", "scorer_epsilon": 0.01}) == \
+        "adakv_expected_attention"
+    other = {"method": "adakv", **window, "scorer": "expected_attention", "scorer_epsilon": 0.02}
+    assert kvpress_entry(other) is None and method_name(other).startswith("AdaKV (")  # no entry: our label
+    assert method_name({"method": "streamingllm", "budget": None, "ratio": 0.25}) == "streaming_llm"
+    assert method_name({"method": "h2o", "budget": None, "ratio": 0.25}) == "H2O"
+
+
+def test_ruler_and_longbench_tables_carry_the_cost_columns_blank_without_them(tmp_path):
+    runs = tmp_path / "runs"
+    fake_ruler_run(runs, "snap", SNAPKV_1024, 80.0)
+    write_records(runs / "ruler/m/snap/pred/4096/vt.jsonl", two_items(0.25))
+    fake_ruler_run(runs, "full", {"method": "full", "budget": None}, 90.0)              # an older run: no cost
+    fake_run(runs, PAPER_MODEL_CFG, {**SNAPKV_1024, "window": 16, "tag": "w16"}, {"narrativeqa": 2.0})
+    write_records(runs / "longbench/lwm-1m/w16/pred/narrativeqa.jsonl", two_items(0.25, masked=True))
+    fake_run(runs, PAPER_MODEL_CFG, {**SNAPKV_1024, "window": 64, "tag": "w64"}, {"narrativeqa": 3.0})
+    write_records(runs / "longbench/lwm-1m/w64/pred/narrativeqa.jsonl", [None])
+    out = report(tmp_path)
+    md = (out / "ruler.md").read_text()
+    assert "| m | SnapKV 1024 | 4096 | 16.0 | 25.0% | 20.0% | 15.00 |" in md
+    assert "| m | FullKV | 4096 |  |  |  |  |" in md
+    ruler_csv = list(__import__("csv").DictReader((out / "ruler.csv").open()))
+    assert [(r["setting"], r["task"], r["kv_mib"]) for r in ruler_csv] == \
+        [("FullKV", "average", ""), ("SnapKV 1024", "average", "16.0"), ("FullKV", "vt", ""), ("SnapKV 1024", "vt", "")]
+    ablation = {l[1]: l[-4:] for l in rows_of(out / "table_ablation.md")}
+    assert ablation["SnapKV 1024 (window 16)"] == ["16.0 (kvpress 64.0)", "25.0% (kvpress 100.0%)", "20.0%", "15.00 |"]
+    assert ablation["SnapKV 1024 (window 64)"] == ["", "", "", " |"]
+    assert "of full KV" in (out / "table_ablation.tex").read_text()
+    lb_csv = {r["setting"]: r for r in __import__("csv").DictReader((out / "table_ablation.csv").open())}
+    assert lb_csv["SnapKV 1024 (window 16)"]["compress_overhead"] == "0.2" and \
+        lb_csv["SnapKV 1024 (window 64)"]["kv_mib"] == ""

@@ -130,7 +130,7 @@ class LongBenchTask(PredictionTask):
         if generation is None:
             record.update(oom=True, input_tokens=len(prompt.ids))
         else:
-            record.update(pred=text, input_tokens=len(prompt.ids))
+            record.update(pred=text, input_tokens=len(prompt.ids), cost=generation.cost())
         append_record(pred_path(run.out, item.dataset), record)
 
     def finish(self, run: SettingRun) -> dict:

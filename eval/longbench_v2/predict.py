@@ -156,6 +156,8 @@ class LongBenchV2Task(PredictionTask):
             response = text.strip()
             record.update(response=response, pred=extract_answer(response))
             record["judge"] = record["pred"] == row["answer"]
+        if generation is not None:
+            ours["cost"] = generation.cost()
         append_record(pred_path(run.out, self.cot), {**record, **ours})
 
     def finish(self, run: SettingRun) -> dict:

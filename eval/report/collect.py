@@ -57,7 +57,8 @@ def longbench_runs(root: Path) -> list[dict]:
                      "label": run_label(cfg), "query_aware": cfg.get("query_aware", True),
                      "name": run_name(root, run),
                      "model_cfg": cfg["model"], "scores": json.loads(result.read_text()),
-                     "summary": json.loads(summary.read_text()) if summary.exists() else {}})
+                     "summary": json.loads(summary.read_text()) if summary.exists() else {},
+                     "cost": run_cost(run)})
     return runs
 
 
@@ -109,5 +110,105 @@ def ruler_runs(root: Path) -> list[dict]:
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
                      "compressor": cfg.get("compressor", {}), "query_aware": cfg.get("query_aware", True),
                      "label": run_label(cfg), "name": run_name(root, run), "by_length": by_length,
+                     "cost_by_length": {n: run_cost(run, int(n)) for n in by_length},
                      "scores": {f"{n} tokens": v["average"] for n, v in by_length.items()}})
     return runs
+
+
+# What a run cost: every prediction record carries ``cost`` (absent on older records and on out-of-memory
+# ones): prompt_tokens, kv_cache_bytes, full_kv_bytes, masked_kv_bytes (head-adaptive methods and KVzip:
+# what kvpress's masked cache holds), kept_tokens, prefill_s, prefill_settings, compress_s, decode_s,
+# decode_tokens.
+RECORD_FILES = ("pred/*.jsonl", "pred_e/*.jsonl", "pred/*/*.jsonl", "needle.jsonl", "lines.jsonl")
+MIB = 2 ** 20
+# The cost columns of the Markdown tables and what each CSV column holds.
+COST_COLUMNS = ("KV MiB", "of full KV", "overhead", "ms/token")
+COST_FIELDS = ("kv_mib", "kv_share", "kvpress_kv_mib", "kvpress_kv_share", "compress_overhead",
+               "decode_ms_per_token", "cost_items")
+
+
+def record_files(run: Path, length: int | None = None) -> list[Path]:
+    """A run's prediction files (LongBench v1/v2, LongBench-E, RULER, needle, lines); RULER's at one
+    ``length`` only when given."""
+    run = Path(run)
+    if length is not None:
+        return sorted((run / "pred" / str(length)).glob("*.jsonl"))
+    return sorted({p for pattern in RECORD_FILES for p in run.glob(pattern)})
+
+
+def cost_summary(records) -> dict | None:
+    """The cost of a set of records, each a mean over the records that carry ``cost`` (None when none
+    does): ``kv_mib`` (KV cache bytes right after the prefill per item, MiB), ``full_kv_mib``,
+    ``kv_share`` (mean bytes over full KV's mean bytes), ``kvpress_kv_mib`` / ``kvpress_kv_share`` (what
+    kvpress holds: the masked cache's bytes where recorded, else the cache's own), ``masked`` (some record
+    gives a masked size), ``compress_overhead`` (all compression seconds over all prefill seconds),
+    ``decode_ms_per_token`` (all decoding seconds over all tokens decoded), ``prefill_s`` and
+    ``compress_s`` per item, ``cost_items``."""
+    costs = [r["cost"] for r in records if isinstance(r.get("cost"), dict)]
+    if not costs:
+        return None
+
+    def total(key, fallback=None):
+        values = [c.get(key, c.get(fallback) if fallback else None) for c in costs]
+        values = [float(v) for v in values if isinstance(v, (int, float))]
+        return (sum(values), len(values)) if values else (None, 0)
+
+    def mean(key, fallback=None):
+        value, n = total(key, fallback)
+        return None if value is None else value / n
+
+    def ratio(num, den, scale=1.0):
+        return None if num is None or not den else scale * num / den
+
+    kv, full, held = mean("kv_cache_bytes"), mean("full_kv_bytes"), mean("masked_kv_bytes", "kv_cache_bytes")
+    prefill, compress = total("prefill_s")[0], total("compress_s")[0]
+    return {"cost_items": len(costs),
+            "kv_mib": ratio(kv, MIB), "full_kv_mib": ratio(full, MIB), "kv_share": ratio(kv, full),
+            "kvpress_kv_mib": ratio(held, MIB), "kvpress_kv_share": ratio(held, full),
+            "masked": any(isinstance(c.get("masked_kv_bytes"), (int, float)) for c in costs),
+            "prompt_tokens": mean("prompt_tokens"), "kept_tokens": mean("kept_tokens"),
+            "prefill_s": mean("prefill_s"), "compress_s": mean("compress_s"),
+            "compress_overhead": ratio(compress, prefill),
+            "decode_ms_per_token": ratio(total("decode_s")[0], total("decode_tokens")[0], 1000.0)}
+
+
+def run_cost(run: Path, length: int | None = None) -> dict | None:
+    """``cost_summary`` of a run folder's records (RULER: at one ``length`` when given)."""
+    from ..jsonl import read_records
+    return cost_summary(r for path in record_files(run, length) for r in read_records(path))
+
+
+def _round(value, digits: int):
+    return "" if value is None else round(value, digits)
+
+
+def cost_fields(cost: dict | None) -> dict:
+    """A run's cost as CSV columns (``COST_FIELDS``), blank where the run recorded none."""
+    cost = cost or {}
+    return {"kv_mib": _round(cost.get("kv_mib"), 3), "kv_share": _round(cost.get("kv_share"), 4),
+            "kvpress_kv_mib": _round(cost.get("kvpress_kv_mib"), 3),
+            "kvpress_kv_share": _round(cost.get("kvpress_kv_share"), 4),
+            "compress_overhead": _round(cost.get("compress_overhead"), 4),
+            "decode_ms_per_token": _round(cost.get("decode_ms_per_token"), 3),
+            "cost_items": cost.get("cost_items", "")}
+
+
+def _mib(value) -> str:
+    """MiB with a tenth's precision, three significant digits below 10 MiB (a small model's cache)."""
+    return "" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def cost_cells(cost: dict | None) -> list[str]:
+    """A run's cost as Markdown cells (``COST_COLUMNS``), blank where it recorded none: KV MiB per item
+    and its share of full KV's (with what kvpress's masked cache holds beside them, ``45.0 (kvpress
+    307.6)``, where recorded), compression overhead as a share of the prefill, decoding ms per token."""
+    cost = cost or {}
+
+    def fmt(key, form):
+        return "" if cost.get(key) is None else format(cost[key], form)
+
+    mib, share = _mib(cost.get("kv_mib")), fmt("kv_share", ".1%")
+    if cost.get("masked"):
+        mib += f" (kvpress {_mib(cost.get('kvpress_kv_mib'))})" if mib else ""
+        share += f" (kvpress {fmt('kvpress_kv_share', '.1%')})" if share else ""
+    return [mib, share, fmt("compress_overhead", ".1%"), fmt("decode_ms_per_token", ".2f")]

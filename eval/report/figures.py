@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..plotting import save_figure
+from ..plotting import line_styles, save_figure
 from ..bench.tables import figure as bench_figure, markdown as bench_markdown
 from ..needle.heatmap import frontier_from_bench, frontier_from_cells, save_heatmap, save_side_by_side
 
@@ -20,13 +20,20 @@ def file_name(kind: str, run: str) -> str:
     return run if run.startswith(f"{kind}_") else f"{kind}_{run}"
 
 
+def _line_name(run: dict) -> str:
+    """One line per (model, setting), the budget on the x axis."""
+    setting = re.sub(r" \d+", "", run["label"], count=1)
+    return f"{run['model']} {setting}"
+
+
 def budget_curves(runs: list[dict], out: Path, file_name: str = "budget_curve") -> list[Path]:
     """Score vs budget, one panel per dataset (RULER: per length), one line per (model, method,
-    pooling); full KV dashed."""
+    pooling), each its own colour and marker (the same in every panel); full KV dashed."""
     datasets = sorted({d for r in runs for d, v in r["scores"].items() if isinstance(v, (int, float))})
     if not datasets:
         return []
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.6), squeeze=False)
+    styles = line_styles(_line_name(r) for r in runs if r["method"] != "full" and r["budget"] is not None)
     for ax, dataset in zip(axes[0], datasets):
         lines: dict = {}
         for r in runs:
@@ -38,12 +45,10 @@ def budget_curves(runs: list[dict], out: Path, file_name: str = "budget_curve") 
                 continue
             if r["budget"] is None:  # a budget given as a ratio has no point on the token axis
                 continue
-            setting = re.sub(r" \d+", "", r["label"], count=1)  # one line per setting, the budget on the x axis
-            name = f"{r['model']} {setting}"
-            lines.setdefault(name, []).append((r["budget"], score))
+            lines.setdefault(_line_name(r), []).append((r["budget"], score))
         for name, points in sorted(lines.items()):
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=name, **styles[name])
         ax.set_xlabel("KV budget (tokens)")
         ax.set_ylabel("score")
         ax.set_title(dataset)

@@ -1,11 +1,14 @@
 """RULER tables: per model and setting, the task average at each length (the RULER paper's table),
-and per task; Markdown and CSV. Query-agnostic runs are rows of their own beside query-aware ones."""
+and per task; Markdown and CSV. Query-agnostic runs are rows of their own beside query-aware ones. Where
+runs recorded their cost, a table of it per setting and length (KV memory, compression overhead, decoding
+speed; ``collect.cost_summary``), and the same columns on the CSV's average rows."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
 from ..ruler.generate import TASKS
+from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields
 
 
 def _cell(value, note: str = "") -> str:
@@ -29,7 +32,8 @@ def write_ruler_tables(runs: list[dict], out: Path) -> list[Path]:
             note = "" if one is None or one["complete"] else f" ({len(one['tasks'])}/13)"
             cells.append(_cell(None if one is None else one["average"], note))
             rows.append({"model": r["model"], "setting": r["label"], "length": n, "task": "average",
-                         "score": None if one is None else one["average"]})
+                         "score": None if one is None else one["average"],
+                         **cost_fields((r.get("cost_by_length") or {}).get(str(n)))})
         md.append(f"| {r['model']} | {r['label']} | " + " | ".join(cells) + " |")
     md += ["", "## Per task", "", "| model | setting | task | " + " | ".join(str(n) for n in lengths) + " |",
            "|---|---|---|" + "---|" * len(lengths)]
@@ -41,9 +45,21 @@ def write_ruler_tables(runs: list[dict], out: Path) -> list[Path]:
             md.append(f"| {r['model']} | {r['label']} | {task} | " + " | ".join(_cell(v) for v in values) + " |")
             rows += [{"model": r["model"], "setting": r["label"], "length": n, "task": task, "score": v}
                      for n, v in zip(lengths, values) if v is not None]
+    if any(cost for r in runs for cost in (r.get("cost_by_length") or {}).values()):
+        md += ["", "## Cost", "", "Per item, the mean over the samples run: the KV cache right after the prefill in "
+               "MiB and as a share of full KV's (kvpress's masked cache beside it for head-adaptive methods and "
+               "KVzip), compression time as a share of the prefill's, decoding ms per generated token; blank where a "
+               "run recorded none.", "", "| model | setting | length | " + " | ".join(COST_COLUMNS) + " |",
+               "|---|---|---|" + "---|" * len(COST_COLUMNS)]
+        for r in runs:
+            for n in lengths:
+                if str(n) in r["by_length"]:
+                    cells = cost_cells((r.get("cost_by_length") or {}).get(str(n)))
+                    md.append(f"| {r['model']} | {r['label']} | {n} | " + " | ".join(cells) + " |")
     (out / "ruler.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     with open(out / "ruler.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "setting", "length", "task", "score"])
+        writer = csv.DictWriter(f, fieldnames=["model", "setting", "length", "task", "score", *COST_FIELDS],
+                                restval="")
         writer.writeheader()
         writer.writerows(rows)
     return [out / "ruler.md", out / "ruler.csv"]

@@ -1,12 +1,15 @@
 """LongBench Table 1 in the paper's layout: runs made with the paper's settings beside the published
 numbers, every other run in an ablation table of its own. A cell computed from fewer rows than the
-dataset holds says so (``41.20 (150/200, 3 OOM)``); a missing cell is "–", never 0."""
+dataset holds says so (``41.20 (150/200, 3 OOM)``); a missing cell is "–", never 0. Where runs recorded
+their cost, a table gains its columns (KV memory per item, compression overhead, decoding ms per token;
+``collect.cost_summary``), blank on rows without one; the CSV always has them."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
 from ..longbench.data import PAPER_DATASETS
+from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields
 
 PAPER_TSV = Path(__file__).resolve().parent.parent / "data" / "snapkv_paper_table1.tsv"
 PAPER_MODEL = {"lwm-1m": "LWM-Text-Chat-1M", "longchat-7b-32k": "LongChat-7b-v1.5-32k",
@@ -69,7 +72,7 @@ def incomplete(run: dict) -> dict:
 def _ours(run: dict, order) -> dict:
     ours = {d: run["scores"].get(d) for d in PAPER_DATASETS}
     return {"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "ours", **ours,
-            "avg16": average(ours),
+            "avg16": average(ours), "cost": run.get("cost"),
             "incomplete": {d: n for d, n in incomplete(run).items() if d in PAPER_DATASETS}}
 
 
@@ -88,11 +91,11 @@ def table_rows(runs: list[dict], order) -> tuple[list[dict], list[dict]]:
         paper = published[key]
         beside.append(row)
         beside.append({"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "paper", **paper,
-                       "avg16": average(paper), "incomplete": {}})
+                       "avg16": average(paper), "incomplete": {}, "cost": None})
         beside.append({"model": run["model"], "setting": run["label"], "tag": run["tag"], "source": "ours - paper",
                        **{d: (None if row[d] is None else round(row[d] - paper[d], 2)) for d in PAPER_DATASETS},
                        "avg16": None if row["avg16"] is None else round(row["avg16"] - average(paper), 2),
-                       "incomplete": row["incomplete"]})
+                       "incomplete": row["incomplete"], "cost": None})
     return beside, ablation
 
 
@@ -116,32 +119,41 @@ def write_table(rows: list[dict], out: Path, name: str, caption: str, columns=No
     out.mkdir(parents=True, exist_ok=True)
     cols = list(columns or [*PAPER_DATASETS, "avg16"])
     short = short or SHORT
-    md = [f"{caption}\n", "| model | setting | source | " + " | ".join(short.get(c, c) for c in cols) + " |",
-          "|---|---|---|" + "---|" * len(cols)]
-    tex = ["\\begin{tabular}{ll" + "r" * len(cols) + "}", "\\toprule",
-           "Setting & Source & " + " & ".join(short.get(c, c) for c in cols) + " \\\\"]
+    extra = list(COST_COLUMNS) if any(r.get("cost") for r in rows) else []
+    heads = [short.get(c, c) for c in cols] + extra
+    md = [f"{caption}\n", "| model | setting | source | " + " | ".join(heads) + " |",
+          "|---|---|---|" + "---|" * len(heads)]
+    tex = ["\\begin{tabular}{ll" + "r" * len(heads) + "}", "\\toprule",
+           "Setting & Source & " + " & ".join(_tex(h) for h in heads) + " \\\\"]
     model = None
     for r in rows:
-        md.append(f"| {r['model']} | {r['setting']} | {r['source']} | " + " | ".join(_cell(r, c) for c in cols) + " |")
+        cells = [_cell(r, c) for c in cols] + (cost_cells(r.get("cost")) if extra else [])
+        md.append(f"| {r['model']} | {r['setting']} | {r['source']} | " + " | ".join(cells) + " |")
         if r["model"] != model:
             model = r["model"]
-            title = f"\\multicolumn{{{len(cols) + 2}}}{{l}}{{\\textit{{{_tex(model)}}}}} \\\\"
+            title = f"\\multicolumn{{{len(heads) + 2}}}{{l}}{{\\textit{{{_tex(model)}}}}} \\\\"
             tex += ["\\midrule", title, "\\midrule"]
-        tex.append(" & ".join([_tex(r["setting"]), r["source"]] + [_tex(_cell(r, c)) for c in cols]) + " \\\\")
+        tex.append(" & ".join([_tex(r["setting"]), r["source"]] + [_tex(c) for c in cells]) + " \\\\")
     tex += ["\\bottomrule", "\\end{tabular}"]
     settings = sorted({(r["setting"], r["tag"]) for r in rows})
     md += ["", "Settings: " + "; ".join(f"{label} = `{tag}`" for label, tag in settings) + ".",
            "", "Missing cells (–) were not run; they are never counted as 0. A cell followed by (scored/rows, "
            "OOM) was computed from fewer rows than the dataset holds."]
+    if extra:
+        md += ["", "Cost per item (mean over the rows run): the KV cache right after the prefill in MiB and as a share "
+               "of full KV's (kvpress's masked cache beside it for head-adaptive methods and KVzip), compression time "
+               "as a share of the prefill's, decoding ms per generated token; blank where a run recorded none."]
     paths = [out / f"{name}.md", out / f"{name}.csv", out / f"{name}.tex"]
     paths[0].write_text("\n".join(md) + "\n", encoding="utf-8")
     with paths[1].open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "setting", "tag", "source", *cols, "incomplete"])
+        writer = csv.DictWriter(f, fieldnames=["model", "setting", "tag", "source", *cols, "incomplete",
+                                               *COST_FIELDS])
         writer.writeheader()
         for r in rows:
             fields = ["model", "setting", "tag", "source", *cols]
             writer.writerow({**{k: ("" if r.get(k) is None else r[k]) for k in fields},
-                             "incomplete": "; ".join(f"{d}: {n}" for d, n in r["incomplete"].items())})
+                             "incomplete": "; ".join(f"{d}: {n}" for d, n in r["incomplete"].items()),
+                             **cost_fields(r.get("cost"))})
     paths[2].write_text("\n".join(tex) + "\n% settings: " + "; ".join(f"{l} = {t}" for l, t in settings) + "\n",
                         encoding="utf-8")
     return paths
