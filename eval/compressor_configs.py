@@ -56,11 +56,34 @@ def option_text(cls) -> str:
     return header + OmegaConf.to_yaml(OmegaConf.create(option(cls)), sort_keys=False)
 
 
+def entry_options() -> dict[str, tuple[str, str, dict]]:
+    """The options of kvpress registry entries that set fields of their own (``Method.kvpress_entries``):
+    option -> (method, kvpress's entry name, fields); e.g. ``adakv_expected_attention``."""
+    return {f"{method}_{press}": (method, press, fields) for method, cls in sorted(snapkv.METHODS.items())
+            for press, fields in cls.kvpress_entries.items() if fields}
+
+
+def entry_option_text(option_name: str) -> str:
+    """``conf/compressor/<option>.yaml`` of a kvpress entry: its method's option and the entry's fields."""
+    method, press, fields = entry_options()[option_name]
+    cls = snapkv.METHODS[method]
+    header = (f"# compressor={option_name}: kvpress's registry entry {press!r}, {cls.__name__} with the fields below;\n"
+              f"# generated from {cls.__name__}.kvpress_entries by `python scripts/write_compressor_configs.py`.\n")
+    return header + OmegaConf.to_yaml(OmegaConf.create({"defaults": [method, "_self_"], **fields}), sort_keys=False)
+
+
+def generated_options() -> dict[str, str]:
+    """Every generated option file's name and text: each method's, then each kvpress entry's."""
+    texts = {f"{name}.yaml": option_text(cls) for name, cls in sorted(snapkv.METHODS.items())}
+    texts.update({f"{name}.yaml": entry_option_text(name) for name in entry_options()})
+    return texts
+
+
 def write_options() -> list[Path]:
     written = []
-    for name, cls in sorted(snapkv.METHODS.items()):
-        path = OPTIONS_DIR / f"{name}.yaml"
-        path.write_text(option_text(cls), encoding="utf-8")
+    for name, text in generated_options().items():
+        path = OPTIONS_DIR / name
+        path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
 
@@ -70,6 +93,10 @@ def register_options() -> None:
     for name, cls in sorted(snapkv.METHODS.items()):
         if not (OPTIONS_DIR / f"{name}.yaml").exists():
             store.store(group="compressor", name=name, node=option(cls), provider="snapkv")
+    for name, (method, _, fields) in entry_options().items():
+        if not (OPTIONS_DIR / f"{name}.yaml").exists():
+            store.store(group="compressor", name=name, node={**option(snapkv.METHODS[method]), **fields},
+                        provider="snapkv")
 
 
 register_options()

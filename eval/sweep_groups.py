@@ -27,7 +27,7 @@ _PER_SETTING = ("compressor", "output_dir", "hydra")
 def unused_fields(method: str) -> set:
     """Fields of the compressor config group that ``method`` does not read (all of them for full)."""
     from snapkv import build_config
-    from snapkv.method import METHODS
+    from snapkv.registry import METHODS
     if method not in METHODS:
         build_config(method)  # fills the registry, or names the allowed methods
     cls = METHODS[method]

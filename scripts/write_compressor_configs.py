@@ -1,12 +1,15 @@
-"""Write conf/compressor/<method>.yaml for every registered method, from its dataclass
-(eval/compressor_configs.py); tests/test_methods.py fails when a file differs from what this writes."""
+"""Write what is generated from the method registry: conf/compressor/<option>.yaml for every registered
+method and kvpress entry (eval/compressor_configs.py), and the method tables of README.md and
+docs/library.md (eval/method_tables.py); tests/test_methods.py fails when a file differs from what this
+writes."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eval.compressor_configs import write_options  # noqa: E402
+from eval.method_tables import write_tables  # noqa: E402
 
 if __name__ == "__main__":
-    for path in write_options():
+    for path in [*write_options(), *write_tables()]:
         print(path)

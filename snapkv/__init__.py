@@ -1,18 +1,24 @@
-"""snapkv: KV-cache prompt compression (SnapKV and baselines) for Hugging Face transformers."""
-from .method import Method, InputError, build_config, METHODS, POOLINGS, GQA_MODES
-from .methods import (AdaKV, CriticalAdaKV, ExpectedAttention, FullKV, H2O, KeyDiff, Knorm, KVzip,
-                      PyramidKV, RandomKeep, SnapKV, StreamingLLM, TOVA)
-from .hooks import CompressionSession, compress
-from .merge import merge_caches
-from .kept import kept_positions
-from .select import select_positions
-from .chunking import chunked_mlp
+"""snapkv: KV-cache prompt compression (SnapKV and baselines) for Hugging Face transformers.
 
-SnapKVConfig = SnapKV  # the name the Python API contract (DESIGN.md 3.1) gives SnapKV's settings
+Every registered method's class is exported under its own name (``snapkv.SnapKV``, ``snapkv.AdaKV``, ...):
+the list is the registry's (``snapkv.METHODS``), filled by the files of ``snapkv/methods/``.
+"""
+from . import methods as _methods  # noqa: F401  (each method's file registers it)
+from .chunking import chunked_mlp
+from .errors import InputError
+from .hooks import CompressionSession, compress
+from .kept import kept_positions
+from .merge import merge_caches
+from .method import GQA_MODES, POOLINGS, Method
+from .registry import METHODS, build_config
+from .select import select_positions
+
+_METHOD_CLASSES = {cls.__name__: cls for cls in METHODS.values()}
+globals().update(_METHOD_CLASSES)
+SnapKVConfig = METHODS["snapkv"]  # the name the Python API contract (DESIGN.md 3.1) gives SnapKV's settings
 
 __all__ = [
-    "Method", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "AdaKV", "CriticalAdaKV",
-    "ExpectedAttention", "FullKV", "H2O", "KeyDiff", "Knorm", "KVzip", "PyramidKV", "RandomKeep", "SnapKV",
-    "SnapKVConfig", "StreamingLLM", "TOVA", "CompressionSession",
-    "compress", "merge_caches", "kept_positions", "select_positions", "chunked_mlp",
+    "Method", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "SnapKVConfig",
+    "CompressionSession", "compress", "merge_caches", "kept_positions", "select_positions", "chunked_mlp",
+    *sorted(_METHOD_CLASSES),
 ]

@@ -5,7 +5,7 @@ import sys
 from contextlib import contextmanager
 
 import torch
-from .method import InputError
+from .errors import InputError
 
 TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from .architectures import decoder_layers, replaced_forwards
-from .method import InputError
+from .errors import InputError
 
 
 def _chunked(forward, chunk: int):

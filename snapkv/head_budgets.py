@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError, check_choice, check_int, check_number
-from .memory import window_scores_bytes
-from .method import POOLINGS, Method
-from .prompt_scores import always_kept, by_real_rows
-from .select import aggregate_heads, pool
+from dataclasses import fields
 
-SCORERS = ("snapkv", "tova", "knorm", "keydiff", "expected_attention", "h2o")
+from .errors import InputError, check_choice, check_int, check_number
+from .method import POOLINGS, Method
+from .prompt_scores import by_real_rows
+from .registry import build_config, scoring_methods
 
 
 def safeguarded(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
@@ -128,7 +127,7 @@ class HeadAdaptiveMethod(Method):
     kernel: int = 5
     pooling: str = "avgpool"
     gqa: str = "mean"
-    scorer: str = "snapkv"
+    scorer: str = ""              # the wrapped method (each wrapper's file gives its default)
     alpha_safeguard: float = 0.2
     scorer_epsilon: float = 0.0   # scorer=expected_attention: its epsilon (kvpress's leaderboard entry: 0.01)
 
@@ -136,7 +135,7 @@ class HeadAdaptiveMethod(Method):
         check_int("window", self.window, 1)
         self.check_budget_or_ratio()
         check_choice("gqa", self.gqa, ("mean", "max"))
-        check_choice("scorer", self.scorer, SCORERS)
+        check_choice("scorer", self.scorer, scoring_methods())
         check_int("kernel", self.kernel, 1)
         if self.kernel % 2 == 0:
             raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
@@ -144,6 +143,8 @@ class HeadAdaptiveMethod(Method):
         self.alpha_safeguard = check_number("alpha_safeguard", self.alpha_safeguard, 0, 1,
                                             "the share of its uniform budget each head keeps at least")
         self.scorer_epsilon = check_number("scorer_epsilon", self.scorer_epsilon, 0)
+        if self.scorer_epsilon and not self._scorer_has_epsilon():
+            raise InputError(f"scorer_epsilon={self.scorer_epsilon:g}: scorer={self.scorer} has no epsilon; leave it 0")
         if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
 
@@ -155,23 +156,21 @@ class HeadAdaptiveMethod(Method):
         # the scorer's window must fit before the prompt's end (kvpress asserts it): else keep all
         return length if length <= self.window else self.budget_for(length)
 
+    def _scorer_has_epsilon(self) -> bool:
+        from .registry import METHODS
+        return "epsilon" in {f.name for f in fields(METHODS[self.scorer])}
+
     def scorer_config(self) -> Method:
-        from .method import build_config
-        extra = {"epsilon": self.scorer_epsilon} if self.scorer == "expected_attention" else {}
+        """The wrapped method, with this one's window, kernel, pooling and GQA reduction (and
+        ``scorer_epsilon`` as its ``epsilon`` where it has one), as kvpress composes presses."""
+        extra = {"epsilon": self.scorer_epsilon} if self._scorer_has_epsilon() else {}
         return build_config(self.scorer, window=self.window, kernel=self.kernel, pooling=self.pooling, gqa=self.gqa,
                             **extra)
 
     def prompt_scores(self, ctx) -> torch.Tensor:
         """``[b, kv_heads, L]``: the scorer's ranking of every prompt position (its window, if any,
         above every other position)."""
-        if self.scorer == "snapkv":  # kvpress's SnapKVPress: the window's mean attention
-            from .methods.snapkv import window_votes
-            _, votes = window_votes(ctx, self.window)
-            scores = aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
-            return always_kept(scores, last=self.window)
-        scorer = self.scorer_config()
-        length = ctx.keys.shape[-2]
-        return always_kept(scorer.score(ctx), last=scorer.recent_window(ctx.layer_idx, ctx.num_layers, length))
+        return self.scorer_config().prompt_scores(ctx)
 
     def keep(self, ctx, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
         """``[b, kv_heads, L]`` bool: what each head keeps of ``scores`` at ``n_kept`` per head on average."""
@@ -183,6 +182,5 @@ class HeadAdaptiveMethod(Method):
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scorer's term (SnapKV's window vote by default), then per KV head and position: the padded
         scores, a row's copy and its negation, the bottom-k's indices, the kept mask and its ordering."""
-        scorer = window_scores_bytes(shape, self.window, length, batch, nbytes) if self.scorer == "snapkv" \
-            else self.scorer_config().compression_bytes(shape, length, batch, nbytes)
+        scorer = self.scorer_config().compression_bytes(shape, length, batch, nbytes)
         return scorer + batch * shape.kv_heads * length * (4 * 3 + 8 * 2 + 1)

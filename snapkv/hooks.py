@@ -85,6 +85,20 @@ class LayerContext:
         return getattr(self.attn, "scaling", None)
 
 
+@dataclass
+class Replay:
+    """What a method scoring after the prefill (``Method.scores``, KVzip's context replay) may use."""
+
+    model: torch.nn.Module
+    layers: list                 # the decoder layers
+    decoder: torch.nn.Module     # the decoder stack (``model.model``): a pass without the LM head
+    load_tokenizer: object       # () -> the model's tokenizer, or None where there is none
+
+    @property
+    def tokenizer(self):
+        return self.load_tokenizer()
+
+
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
@@ -273,7 +287,7 @@ class CompressionSession:
             if cfg.replay_key() not in scored:
                 started = clock.start()
                 with torch.no_grad():
-                    scored[cfg.replay_key()] = cfg.scores(self, full, state.prompt_ids)
+                    scored[cfg.replay_key()] = cfg.scores(self.replay, full, state.prompt_ids)
                 spans[cfg.replay_key()] = clock.stop(started)
                 self.compression.add(spans[cfg.replay_key()])
             state.compression.add(spans[cfg.replay_key()])  # each setting of a replay pays it, as alone
@@ -296,6 +310,10 @@ class CompressionSession:
             self._store(cache, state, idx, keys, values, kept, valid, per_head,
                         self._groups[self.layers[idx].self_attn])
         state.prompt_ids = None  # scored once
+
+    @property
+    def replay(self) -> Replay:
+        return Replay(self.model, self.layers, self.decoder, self.model_tokenizer)
 
     @property
     def decoder(self):

@@ -18,7 +18,7 @@ measures above a model that has run one token, so those are outside its numbers 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from .method import InputError
+from .errors import InputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")

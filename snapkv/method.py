@@ -1,4 +1,31 @@
-"""Configuration shared by every compression method: fields, validation, the registry."""
+"""The method protocol: what every compression method declares, each stage with its default.
+
+A method is a dataclass deriving from ``Method`` in one file of ``snapkv/methods/``, registered with
+``snapkv.registry.register``. The hooks (``snapkv.hooks``), the runner and the planner ask the method
+at each stage below; no code outside a method's file names that method.
+
+==========================  ===========================================================================
+stage                       what the method declares (default)
+==========================  ===========================================================================
+budget                      ``budget_for(length)``: tokens per KV head (``budget``, or kvpress's
+                            ``ratio``); ``recent_window``: the last tokens always kept (``window``)
+split across layers         ``layer_budget(i, layers, length)`` (uniform; PyramidKV's pyramid)
+split across heads          ``head_adaptive`` and ``select`` returning ``valid`` (uniform: no)
+scoring during the prefill  per layer, after its attention, from ``LayerContext`` (window queries, keys,
+                            values, hidden states; ``ctx.shared`` computes a score once for every
+                            setting asking for it): ``score(ctx)`` for the top-k of ``select``, or
+                            ``select(ctx, budget, window)`` itself; ``prompt_scores(ctx)``: every prompt
+                            position ranked, for a method wrapping this one (``scores_positions``)
+scoring after the prefill   ``scores_after_prefill``: ``replay_key()``, ``scores(replay, full, ids)``
+                            once per key for every setting sharing it, then ``cut(scores)`` (none)
+storage                     uniform layers, or each head its own slots when ``select`` gives ``valid``
+                            (``snapkv.ragged``); ``stored_tokens`` tells the planner (budget)
+memory                      ``compression_bytes``: the planner's term for the scoring (required)
+padded batches              ``pads_batches`` / ``takes_padded_batch`` (yes, unless a ratio)
+naming                      ``method``, ``display_name``, ``tag_parts``, ``label()``, and
+                            ``kvpress_entries``: the kvpress registry entries this method is (none)
+==========================  ===========================================================================
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -7,13 +34,12 @@ from typing import ClassVar
 import torch
 
 from .errors import InputError, check_choice, check_int
-from .select import top_positions
+from .select import always_kept, top_positions
 
 POOLINGS = ("maxpool", "avgpool", "none")
 GQA_MODES = ("mean", "max", "repeat")
 
-__all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES", "METHODS", "register",
-           "build_config"]
+__all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES"]
 
 
 @dataclass
@@ -50,6 +76,17 @@ class Method:
     # whether each row of a left-padded batch can be compressed as its prompt alone is (items in flight,
     # ``batch.prefill=padded``): per-layer budgets refuse padding, a replay takes one prompt
     pads_batches: ClassVar[bool] = True
+    # whether ``prompt_scores`` ranks prompt positions, so that a wrapper (AdaKV) can take it as its scorer
+    scores_positions: ClassVar[bool] = False
+    # the kvpress registry entries (``evaluation/evaluate_registry.py``) this method is: entry name ->
+    # the fields it sets beyond the method's defaults (the leaderboard preset is generated from them)
+    kvpress_entries: ClassVar[dict] = {}
+    # the method's card (the docs' method tables are generated from it): its paper, the code it reproduces,
+    # what its budget means, and where it knowingly differs
+    paper: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    budget_meaning: ClassVar[str] = ""
+    deviations: ClassVar[str] = ""
 
     def takes_padded_batch(self) -> bool:
         """Whether each row of a left-padded batch is compressed as its prompt alone is: not where the
@@ -113,6 +150,27 @@ class Method:
         recent = torch.arange(length - window, length, device=kept.device)
         return torch.cat([kept, recent.expand(*kept.shape[:2], window)], dim=-1), None
 
+    def prompt_scores(self, ctx) -> torch.Tensor:
+        """``[b, kv_heads, L]``: every prompt position ranked, the recent window above every other position
+        (what a wrapper such as AdaKV allocates from; ``scores_positions`` says a method gives it)."""
+        length = ctx.keys.shape[-2]
+        return always_kept(self.score(ctx), last=self.recent_window(ctx.layer_idx, ctx.num_layers, length))
+
+    # scoring after the prefill (``scores_after_prefill``; KVzip's context replay)
+    def replay_key(self) -> tuple:
+        """Settings whose ``replay_key`` is equal share one ``scores`` call per prefill."""
+        return (self.method,)
+
+    def scores(self, replay, full: list, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """After the prefill: scores of every (layer, row, KV head, position) from ``replay``
+        (``snapkv.hooks.Replay``: the model, its decoder layers and stack, its tokenizer), ``full`` (per
+        layer, the full keys and values) and the prompt's ids."""
+        raise NotImplementedError(f"{self.method}: scores_after_prefill without scores()")
+
+    def cut(self, scores: torch.Tensor) -> list:
+        """Per layer ``(kept, valid)`` from ``scores``, as ``select`` returns them."""
+        raise NotImplementedError(f"{self.method}: scores_after_prefill without cut()")
+
     def score(self, ctx) -> "torch.Tensor":  # noqa: F821
         """Importance of the earlier positions ``[0, L - window)``: ``[batch, heads, L - window]``.
 
@@ -151,32 +209,3 @@ class Method:
         out = {"method": self.method}
         out.update({f.name: getattr(self, f.name) for f in fields(self)})
         return out
-
-
-METHODS: dict[str, type] = {}
-
-
-def register(cls):
-    METHODS[cls.method] = cls
-    return cls
-
-
-def build_config(method: str, **values) -> Method:
-    """Build a method's config from loose values (e.g. a Hydra node).
-
-    Fields common to the compressor config group (budget, window, kernel, pooling, gqa) that a
-    method does not use are dropped, so one sweep can cover several methods; any other unknown
-    field is an error.
-    """
-    from . import methods  # noqa: F401  (fills the registry)
-
-    check_choice("compressor.method", method, sorted(METHODS))
-    cls = METHODS[method]
-    known = {f.name for f in fields(cls)}
-    shared = {"budget", "ratio", "window", "kernel", "pooling", "gqa"}
-    unknown = set(values) - known - shared
-    if unknown:
-        raise InputError(
-            f"compressor.{sorted(unknown)[0]} is not a field of {method}; allowed: {', '.join(sorted(known))}"
-        )
-    return cls(**{k: v for k, v in values.items() if k in known})

@@ -10,7 +10,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .method import GQA_MODES, Method, check_choice
+from .errors import check_choice
+from .method import GQA_MODES, Method
+from .select import always_kept  # noqa: F401  (part of what the scorers share)
 
 
 @dataclass
@@ -43,11 +45,3 @@ def by_real_rows(pad_mask: torch.Tensor | None, score_rows, fill=float("-inf")) 
         part = score_rows(slice(row, row + 1), pad)
         parts.append(F.pad(part, (pad, 0), value=fill))
     return torch.cat(parts)
-
-
-def always_kept(scores: torch.Tensor, first: int = 0, last: int = 0) -> torch.Tensor:
-    """``scores`` with ``first`` positions before and ``last`` after them that outrank every other
-    position (kvpress's ``F.pad(scores, ..., value=scores.max().item() + 1)``)."""
-    if not first and not last:
-        return scores
-    return F.pad(scores, (first, last), value=scores.max().item() + 1)

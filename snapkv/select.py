@@ -136,3 +136,11 @@ def select_positions(queries: torch.Tensor, keys: torch.Tensor, cfg,
     if queries.shape[-2] < cfg.window:
         raise InputError(f"queries hold {queries.shape[-2]} rows, fewer than window={cfg.window}")
     return top_positions(snapkv_scores(queries, keys, cfg, pad_mask), budget - cfg.window, pad_mask)
+
+
+def always_kept(scores: torch.Tensor, first: int = 0, last: int = 0) -> torch.Tensor:
+    """``scores`` with ``first`` positions before and ``last`` after them that outrank every other
+    position (kvpress's ``F.pad(scores, ..., value=scores.max().item() + 1)``)."""
+    if not first and not last:
+        return scores
+    return F.pad(scores, (first, last), value=scores.max().item() + 1)

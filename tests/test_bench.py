@@ -323,7 +323,8 @@ def test_h2o_plans_the_query_chunk_of_the_device_it_runs_on(monkeypatch):
 
 def test_a_method_without_a_memory_term_is_not_planned():
     from dataclasses import dataclass
-    from snapkv.method import Method, InputError
+    from snapkv.errors import InputError
+    from snapkv.method import Method
 
     @dataclass
     class Unplanned(Method):

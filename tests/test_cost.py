@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 import snapkv
-import snapkv.methods.snapkv as snapkv_module
+import snapkv.observation_window as snapkv_module
 from conftest import compose
 from eval.runner import Runner
 from tiny_models import tiny_model

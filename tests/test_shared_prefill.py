@@ -6,7 +6,7 @@ from transformers import DynamicCache
 import snapkv
 from method_settings import with_every_method
 import snapkv.methods.h2o as h2o_module
-import snapkv.methods.snapkv as snapkv_module
+import snapkv.observation_window as snapkv_module
 from tiny_models import tiny_model
 
 SETTINGS = with_every_method([

@@ -1,15 +1,7 @@
-"""One compression method a file; importing this package registers them all (one import line a method:
-the registry, ``snapkv.METHODS``, is filled by ``@register``)."""
-from .full import FullKV
-from .snapkv import SnapKV
-from .pyramidkv import PyramidKV
-from .h2o import H2O
-from .streamingllm import StreamingLLM
-from .random import RandomKeep
-from .knorm import Knorm
-from .tova import TOVA
-from .keydiff import KeyDiff
-from .expected_attention import ExpectedAttention
-from .adakv import AdaKV
-from .critical_adakv import CriticalAdaKV
-from .kvzip import KVzip
+"""One compression method a file. Importing this package imports every module of its folder, and each
+registers its method (``snapkv.registry``): a new method is its file, nothing else."""
+import importlib
+import pkgutil
+
+for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

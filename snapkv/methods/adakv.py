@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import check_choice
 from ..head_budgets import HeadAdaptiveMethod, adakv_keep, authors_keep, pack, per_row_keep
-from ..method import register
+from ..registry import register
 
 ALLOCATIONS = ("kvpress", "authors")
 
@@ -33,8 +33,18 @@ ALLOCATIONS = ("kvpress", "authors")
 class AdaKV(HeadAdaptiveMethod):
     method = "adakv"
     display_name = "AdaKV"
+    kvpress_entries = {"adakv_snapkv": {},
+                       # kvpress's "expected_attention" entry: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
+                       "expected_attention": {"scorer": "expected_attention", "scorer_epsilon": 0.01}}
+    paper = "Ada-KV, arXiv 2407.11550"
+    reference = ("kvpress 0.5.5 `AdaKVPress(SnapKVPress())` (window 64, kernel 5, average pooling; "
+                 "`alpha_safeguard=0.2`; `scorer=` any scoring method)")
+    budget_meaning = ("tokens per KV head **on average**: the layer's total is the budget x KV heads, each head its "
+                      "own count")
+    deviations = "stored per head, not masked (below); the authors' allocation differs (below)"
     tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "se{scorer_epsilon}",
                  "{allocation}")
+    scorer: str = "snapkv"  # kvpress's AdaKVPress(SnapKVPress()): its SnapKV scores
     allocation: str = "kvpress"
 
     def validate(self) -> None:

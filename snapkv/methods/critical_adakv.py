@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import check_number
 from ..head_budgets import HeadAdaptiveMethod, critical_adakv_keep, per_row_keep
-from ..method import register
+from ..registry import register
 
 
 @register
@@ -23,8 +23,14 @@ from ..method import register
 class CriticalAdaKV(HeadAdaptiveMethod):
     method = "critical_adakv"
     display_name = "CriticalAdaKV"
+    kvpress_entries = {"critical_adakv_snapkv": {}}
+    paper = "CriticalKV, arXiv 2502.03805"
+    reference = "kvpress 0.5.5 `CriticalAdaKVPress(SnapKVPress())` (`epsilon=1e-4`, `first_stage_ratio=0.5`)"
+    budget_meaning = "as `adakv`"
+    deviations = "per batch row budgets (kvpress sums them over the batch; equal at batch 1)"
     tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "se{scorer_epsilon}",
                  "e{epsilon}", "fs{first_stage_ratio}")
+    scorer: str = "snapkv"  # kvpress's AdaKVPress(SnapKVPress()): its SnapKV scores
     epsilon: float = 1e-4
     first_stage_ratio: float = 0.5
 

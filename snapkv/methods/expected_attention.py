@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..architectures import prerope_queries
 from ..errors import InputError, check_bool, check_int, check_number
-from ..method import register
+from ..registry import register
 from ..prompt_scores import WholePromptMethod, always_kept, by_real_rows
 
 
@@ -40,6 +40,13 @@ def averaged_rope(rotary, like: torch.Tensor, start: int, count: int, head_dim: 
 class ExpectedAttention(WholePromptMethod):
     method = "expected_attention"
     display_name = "ExpectedAttention"
+    kvpress_entries = {"ExpectedAttentionPress": {}}  # the bare press: no registry entry of its own
+    paper = "Expected Attention, arXiv 2510.00636"
+    reference = ("kvpress 0.5.5 `ExpectedAttentionPress` with its defaults (512 future positions, 4 sinks, "
+                 "covariance, value norms, epsilon 0)")
+    budget_meaning = "tokens per KV head, the sinks included"
+    deviations = "none (parity-tested)"
+    scores_positions = True
     tag_parts = ("f{n_future_positions}", "s{n_sink}", "cov{use_covariance}", "vn{use_vnorm}", "e{epsilon}")
     n_future_positions: int = 512
     n_sink: int = 4

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..method import Method, InputError, register
+from ..errors import InputError
+from ..method import Method
+from ..registry import register
 
 
 @register
@@ -11,6 +13,9 @@ from ..method import Method, InputError, register
 class FullKV(Method):
     method = "full"
     display_name = "FullKV"
+    kvpress_entries = {"no_press": {}}  # the baseline
+    reference = "the uncompressed baseline"
+    budget_meaning = "everything is kept"
     tag_parts = ()
     budget: int | None = None
     window: int = 0

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..method import Method, check_choice, register
+from ..errors import check_choice
+from ..method import Method
+from ..registry import register
 from ..select import aggregate_heads, scale_scores
 
 # Query rows per chunk, by device. On a CPU a chunk's scores and probabilities (a KV head's query
@@ -97,6 +99,12 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
 class H2O(Method):
     method = "h2o"
     display_name = "H2O"
+    paper = "H2O, arXiv 2306.14048"
+    reference = "KVCache-Factory `H2OKVCluster.update_kv` (one-shot at prefill; scores summed in the model dtype)"
+    budget_meaning = "heavy hitters + window"
+    deviations = ("no eviction while decoding (as KVCache-Factory); `accumulate=float32` optional; the window (32) is"
+                  " our choice, KVCache-Factory's `run_longbench.py` uses 8")
+    scores_positions = True
     tag_parts = ("w{window}", "{gqa}", "{accumulate}")
     budget: int = 4096
     window: int = 32

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from ..memory import votes_bytes
-from ..method import register
+from ..registry import register
 from ..prompt_scores import WholePromptMethod, by_real_rows
 
 
@@ -26,6 +26,12 @@ def keydiff_scores(keys):
 class KeyDiff(WholePromptMethod):
     method = "keydiff"
     display_name = "KeyDiff"
+    kvpress_entries = {"keydiff": {}}
+    paper = "KeyDiff, arXiv 2504.15364"
+    reference = "kvpress 0.5.5 `KeyDiffPress` (minus the cosine similarity to the mean normalised key)"
+    budget_meaning = "tokens per KV head, no window"
+    deviations = "one shot over the prompt (the paper: block by block)"
+    scores_positions = True
 
     def score(self, ctx):
         return by_real_rows(ctx.pad_mask, lambda rows, first: keydiff_scores(ctx.keys[rows, :, first:]))

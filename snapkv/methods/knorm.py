@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..memory import votes_bytes
-from ..method import register
+from ..registry import register
 from ..prompt_scores import WholePromptMethod
 
 
@@ -20,6 +20,12 @@ from ..prompt_scores import WholePromptMethod
 class Knorm(WholePromptMethod):
     method = "knorm"
     display_name = "Knorm"
+    kvpress_entries = {"knorm": {}}
+    paper = "Devoto et al., arXiv 2406.11430"
+    reference = "kvpress 0.5.5 `KnormPress` (minus the key's L2 norm, in at least float32)"
+    budget_meaning = "tokens kept per KV head, no window"
+    deviations = "none (parity-tested)"
+    scores_positions = True
 
     def score(self, ctx):
         keys = ctx.keys

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import check_bool, check_int
 from ..head_budgets import pack
-from ..method import register
+from ..registry import register
 from ..prompt_scores import WholePromptMethod
 from ..reconstruction import kept_in_layer, pruned_per_layer, reconstruction_scores
 
@@ -36,6 +36,12 @@ from ..reconstruction import kept_in_layer, pruned_per_layer, reconstruction_sco
 class KVzip(WholePromptMethod):
     method = "kvzip"
     display_name = "KVzip"
+    kvpress_entries = {"kvzip": {}}
+    paper = "KVzip, arXiv 2505.23416"
+    reference = "kvpress 0.5.5 `KVzipPress` with its defaults (4 sinks, chunks of 2,048, budgets across layers)"
+    budget_meaning = "tokens per KV head on average over every layer and head"
+    deviations = ("every layer stays whole until the replay ends (as in kvpress); batch size 1; stored per head, not "
+                  "masked")
     tag_parts = ("s{n_sink}", "c{chunk_size}", "lw{layerwise}", "plus{plus_normalization}", "kp{keep_prefix}")
     head_adaptive = True
     scores_after_prefill = True
@@ -64,9 +70,9 @@ class KVzip(WholePromptMethod):
     def replay_key(self) -> tuple:
         return ("kvzip", self.n_sink, self.chunk_size, self.plus_normalization, self.keep_prefix)
 
-    def scores(self, session, full: list, context_ids: torch.Tensor) -> torch.Tensor:
-        return reconstruction_scores(session.model, session.layers, session.decoder, full, context_ids,
-                                     session.model_tokenizer(), self.n_sink, self.chunk_size,
+    def scores(self, replay, full: list, context_ids: torch.Tensor) -> torch.Tensor:
+        return reconstruction_scores(replay.model, replay.layers, replay.decoder, full, context_ids,
+                                     replay.tokenizer, self.n_sink, self.chunk_size,
                                      self.plus_normalization, self.keep_prefix)
 
     def keep_per_layer(self, scores: torch.Tensor) -> list[torch.Tensor]:

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..method import check_int, register
-from .snapkv import SnapKV
+from ..errors import check_int
+from ..observation_window import WindowVoteMethod
+from ..registry import register
 
 
 @register
 @dataclass
-class PyramidKV(SnapKV):
+class PyramidKV(WindowVoteMethod):
     method = "pyramidkv"
     display_name = "PyramidKV"
+    kvpress_entries = {"pyramidkv": {}}
+    paper = "PyramidKV, arXiv 2406.02069"
+    reference = ("KVCache-Factory `pyramidkv/pyramidkv_utils.py` `PyramidKVCluster.update_kv` (every branch, tested "
+                 "on transcribed cases)")
+    budget_meaning = ("the mean over layers (integer steps make it slightly off); all kept below `budget`, uniform "
+                      "below 2 (budget - window)")
+    deviations = "per-layer budgets need a batch without padding"
     tag_parts = ("w{window}", "k{kernel}", "{pooling}", "{gqa}", "beta{beta}")
     beta: int = 20
     pads_batches = False  # its layers' budgets differ: a padded batch is refused

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..method import Method, register
+from ..method import Method
+from ..registry import register
 from ..memory import votes_bytes
 
 
@@ -14,6 +15,10 @@ from ..memory import votes_bytes
 class RandomKeep(Method):
     method = "random"
     display_name = "Random"
+    kvpress_entries = {"random": {}}
+    reference = "none: random earlier positions and the window, a sanity floor"
+    budget_meaning = "random earlier positions + window"
+    deviations = "a sanity floor; draws depend on the batch shape"
     tag_parts = ("w{window}", "s{seed}")
     untagged = ("gqa",)  # the draw is per KV head whatever gqa says
     seed: int = 0

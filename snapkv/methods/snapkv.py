@@ -1,46 +1,35 @@
-"""SnapKV (arXiv 2404.14469): the observation window votes for the positions every head keeps."""
+"""SnapKV (arXiv 2404.14469): the observation window votes for the positions every head keeps.
+
+Selection equals the official SnapKV ``SnapKVCluster.update_kv`` (FasterDecoding/SnapKV
+``snapkv_utils.py``; ``snapkv.select``). As the scorer of a wrapper (AdaKV's default) it scores as
+kvpress 0.5.5's ``SnapKVPress``: the window's attention averaged over its queries, the window itself
+above every other position.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..method import Method, InputError, POOLINGS, check_choice, check_int, register
-from ..memory import window_scores_bytes
-from ..select import aggregate_heads, pool, window_attention
-
-
-def window_votes(ctx, window: int):
-    """The observation window's attention over the earlier positions, ``(sum, mean)`` over its queries
-    (``[b, H, L - window]`` each; the official SnapKV sums, kvpress averages), computed once per layer
-    and prefill for every setting with this window (budgets, kernels, poolings, TOVA, AdaKV's scorer)."""
-    return ctx.shared(("window_attention", window), lambda: window_attention(
-        ctx.queries(window), ctx.keys, window, ctx.pad_mask, ctx.scaling, reduce="both"))
+from ..observation_window import WindowVoteMethod, window_votes
+from ..registry import register
+from ..select import aggregate_heads, always_kept, pool
 
 
 @register
 @dataclass
-class SnapKV(Method):
+class SnapKV(WindowVoteMethod):
     """Defaults are the paper's LongBench setting (the official SnapKV LongBench configs): window 32,
     kernel 7, max pooling."""
 
     method = "snapkv"
     display_name = "SnapKV"
-    tag_parts = ("w{window}", "k{kernel}", "{pooling}", "{gqa}")
-    budget: int = 1024
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "maxpool"
-    gqa: str = "mean"
+    paper = "SnapKV, arXiv 2404.14469"
+    reference = "FasterDecoding/SnapKV `snapkv_utils.py` `SnapKVCluster.update_kv`"
+    budget_meaning = "tokens kept per head, the window included (`max_capacity_prompt`)"
+    deviations = "`gqa=mean` default (official: `repeat`); kept positions sorted"
+    scores_positions = True
+    kvpress_entries = {"snapkv": {}}
 
-    def validate(self) -> None:
-        super().validate()
-        check_int("kernel", self.kernel, 1)
-        if self.kernel % 2 == 0:
-            raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
-        check_choice("pooling", self.pooling, POOLINGS)
-
-    def score(self, ctx):
-        votes, _ = window_votes(ctx, self.window)
-        return aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
-
-    def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
-        return window_scores_bytes(shape, self.window, length, batch, nbytes)
+    def prompt_scores(self, ctx):
+        _, votes = window_votes(ctx, self.window)
+        scores = aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
+        return always_kept(scores, last=self.window)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..method import Method, InputError, check_int, register
+from ..errors import InputError, check_int
+from ..method import Method
+from ..registry import register
 from ..memory import votes_bytes
 
 
@@ -20,6 +22,11 @@ from ..memory import votes_bytes
 class StreamingLLM(Method):
     method = "streamingllm"
     display_name = "StreamingLLM"
+    kvpress_entries = {"streaming_llm": {}}
+    paper = "StreamingLLM, arXiv 2309.17453"
+    reference = "KVCache-Factory's setting (4 sinks, window = budget - 4), applied once at prefill"
+    budget_meaning = "sinks + most recent"
+    deviations = "keys keep their original RoPE positions"
     tag_parts = ("s{sink_tokens}",)
     untagged = ("gqa",)  # sinks and recent tokens are the same for every head
     derived = ("window",)

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory import window_scores_bytes
-from ..method import InputError, check_choice, register
+from ..errors import InputError, check_choice
+from ..observation_window import window_votes
 from ..prompt_scores import WholePromptMethod
+from ..registry import register
 from ..select import aggregate_heads
-from .snapkv import window_votes
 
 AVERAGES = ("all_heads", "kv_group")
 
@@ -25,6 +26,14 @@ AVERAGES = ("all_heads", "kv_group")
 class TOVA(WholePromptMethod):
     method = "tova"
     display_name = "TOVA"
+    kvpress_entries = {"tova": {}}
+    paper = "TOVA, arXiv 2401.06104"
+    reference = ("kvpress 0.5.5 `TOVAPress` (the last query's attention averaged over every query head; the last "
+                 "token kept)")
+    budget_meaning = "tokens per head, the last token included"
+    deviations = ("one-shot at prefill (TOVA evicts while decoding); `average=kv_group` averages per KV group instead"
+                  " of over all heads")
+    scores_positions = True
     tag_parts = ("{average}",)
     window: int = 1  # derived: the last token
     average: str = "all_heads"

@@ -1,0 +1,64 @@
+"""The docs' method tables, generated from the method registry (each method's card: ``Method.paper``,
+``reference``, ``budget_meaning``, ``deviations``). ``python scripts/write_compressor_configs.py`` writes
+them between the ``<!-- methods:NAME -->`` markers of README.md and docs/library.md; a test keeps the files
+equal to what this module generates."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import snapkv
+
+ROOT = Path(__file__).resolve().parent.parent
+# table name -> the file it stands in
+FILES = {"readme": ROOT / "README.md", "library": ROOT / "docs" / "library.md"}
+
+
+def _ordered() -> list:
+    """Full KV first (the baseline every table starts from), then the methods by name."""
+    classes = sorted(snapkv.METHODS.values(), key=lambda cls: cls.method)
+    return sorted(classes, key=lambda cls: cls().compresses)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") or "—"
+
+
+def readme_table() -> str:
+    rows = ["| method | `compressor=` | class | paper | reproduces |", "|---|---|---|---|---|"]
+    for cls in _ordered():
+        rows.append(f"| {cls.display_name or cls.method} | `{cls.method}` | `snapkv.{cls.__name__}` | "
+                    f"{_cell(cls.paper)} | {_cell(cls.reference)} |")
+    return "\n".join(rows)
+
+
+def library_table() -> str:
+    rows = ["| method (`compressor=`) | class | paper | reference code reproduced | budget | known deviations |",
+            "|---|---|---|---|---|---|"]
+    for cls in _ordered():
+        rows.append(f"| `{cls.method}` | `snapkv.{cls.__name__}` | {_cell(cls.paper)} | {_cell(cls.reference)} | "
+                    f"{_cell(cls.budget_meaning)} | {_cell(cls.deviations)} |")
+    return "\n".join(rows)
+
+
+TABLES = {"readme": readme_table, "library": library_table}
+
+
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- methods:{name} -->\n)(.*?)(\n<!-- /methods:{name} -->)", re.S)
+
+
+def with_table(text: str, name: str) -> str:
+    """``text`` with its ``name`` table replaced by the generated one."""
+    pattern = _block(name)
+    if not pattern.search(text):
+        raise ValueError(f"no <!-- methods:{name} --> ... <!-- /methods:{name} --> block")
+    return pattern.sub(lambda m: m.group(1) + TABLES[name]() + m.group(3), text)
+
+
+def write_tables() -> list[Path]:
+    written = []
+    for name, path in FILES.items():
+        path.write_text(with_table(path.read_text(encoding="utf-8"), name), encoding="utf-8")
+        written.append(path)
+    return written

@@ -1,0 +1,49 @@
+"""The one list of methods: each method's file registers its class here (``@register``).
+
+This module imports no method: ``snapkv.methods`` imports every file of its folder, and each file fills
+the registry as it is imported. Every list of method names elsewhere (Hydra's ``compressor`` options,
+the leaderboard's entries, ``snapkv.__all__``, the docs' method tables) is generated from ``METHODS``
+or checked against it by a test.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .errors import InputError, check_choice
+
+METHODS: dict[str, type] = {}
+
+# the fields every option of the ``compressor`` group carries: a method that does not read one ignores it
+SHARED_FIELDS = ("budget", "ratio", "window", "kernel", "pooling", "gqa")
+
+
+def register(cls):
+    """Class decorator of a method's file: adds the method under its name ``cls.method``."""
+    if cls.method in METHODS and METHODS[cls.method] is not cls:
+        raise ValueError(f"two methods are named {cls.method!r}: {METHODS[cls.method].__name__} and {cls.__name__}")
+    METHODS[cls.method] = cls
+    return cls
+
+
+def build_config(method: str, **values):
+    """Build a method's config from loose values (e.g. a Hydra node).
+
+    Fields common to the compressor config group (budget, ratio, window, kernel, pooling, gqa) that a
+    method does not use are dropped, so one sweep can cover several methods; any other unknown field is
+    an error.
+    """
+    check_choice("compressor.method", method, sorted(METHODS))
+    cls = METHODS[method]
+    known = {f.name for f in fields(cls)}
+    unknown = set(values) - known - set(SHARED_FIELDS)
+    if unknown:
+        raise InputError(
+            f"compressor.{sorted(unknown)[0]} is not a field of {method}; allowed: {', '.join(sorted(known))}"
+        )
+    return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def scoring_methods() -> list[str]:
+    """The methods that score prompt positions, so that a wrapper (AdaKV, CriticalAdaKV) can take any of
+    them as its ``scorer`` (``Method.scores_positions``)."""
+    return sorted(name for name, cls in METHODS.items() if cls.scores_positions)
