@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import snapkv
+from snapkv.registry import kvpress_entries
 
 # the fields of the option every method carries, in this order
 SHARED_FIELDS = ("budget", "ratio", "window", "kernel", "pooling", "gqa")
@@ -57,10 +58,9 @@ def option_text(cls) -> str:
 
 
 def entry_options() -> dict[str, tuple[str, str, dict]]:
-    """The options of kvpress registry entries that set fields of their own (``Method.kvpress_entries``):
-    option -> (method, kvpress's entry name, fields); e.g. ``adakv_expected_attention``."""
-    return {f"{method}_{press}": (method, press, fields) for method, cls in sorted(snapkv.METHODS.items())
-            for press, fields in cls.kvpress_entries.items() if fields}
+    """The options of kvpress registry entries that are not a method's own option (``snapkv.registry.
+    kvpress_entries``): option -> (method, kvpress's entry name, fields); e.g. ``adakv_expected_attention``."""
+    return {option: entry for option, entry in kvpress_entries().items() if option != entry[0]}
 
 
 def entry_option_text(option_name: str) -> str:

@@ -5,23 +5,21 @@ each method's file says which kvpress registry entries it is (``Method.kvpress_e
 (a test keeps the preset equal to it)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import snapkv
+import snapkv.registry
 
 
-def _entries() -> tuple[dict, dict]:
-    """``(entries, names)``: compressor option -> the fields it sets (an option named after a method is that
-    method's defaults; an entry with fields of its own is the option ``<method>_<kvpress name>``), and our
-    option (and full KV) -> kvpress's name for it: its registry entry, or the press's class where the
-    registry has no entry of it; the report names rows and lines with it."""
+def _entries(placement: str | None = None) -> tuple[dict, dict]:
+    """``(entries, names)``: compressor option -> the fields it sets (``{}``: the method's own option with its
+    defaults), and our option (and full KV) -> kvpress's name for it: its registry entry, or the press's class
+    where the registry has no entry of it; the report names rows and lines with it."""
     entries, names = {}, {}
-    for method, cls in sorted(snapkv.METHODS.items()):
-        for press, fields in cls.kvpress_entries.items():
-            if not cls().compresses:  # full KV: the baseline, ratio 0 of every line
-                names[method] = press
-                continue
-            option = f"{method}_{press}" if fields else method
-            entries[option] = {"method": method, **fields} if fields else {}
-            names[option] = press
+    for option, (method, press, fields) in snapkv.registry.kvpress_entries(placement).items():
+        names[option] = press
+        if snapkv.METHODS[method]().compresses:  # full KV is the baseline, ratio 0 of every line
+            entries[option] = {"method": method, **fields} if option != method else {}
     return entries, names
 
 
@@ -38,6 +36,23 @@ def settings() -> list[dict]:
                                    for name, fields in ENTRIES.items() for r in RATIOS]
 
 
-def preset_options() -> str:
-    """The preset's ``compressor`` sweep: full KV and every entry."""
-    return ",".join(["full", *ENTRIES])
+PRESETS = {"agnostic": Path(__file__).resolve().parent.parent / "conf/experiment/kvpress_leaderboard.yaml",
+           "aware": Path(__file__).resolve().parent.parent / "conf/experiment/kvpress_leaderboard_query_aware.yaml"}
+
+
+def preset_options(placement: str = "agnostic") -> str:
+    """A preset's ``compressor`` sweep: full KV and every entry of that board."""
+    return ",".join(["full", *_entries(placement)[0]])
+
+
+def with_preset_options(text: str, placement: str) -> str:
+    """A preset file's text with its ``compressor:`` sweep line generated from the registry."""
+    lines = [f"      compressor: {preset_options(placement)}" if line.startswith("      compressor: ") else line
+             for line in text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def write_presets() -> list[Path]:
+    for placement, path in PRESETS.items():
+        path.write_text(with_preset_options(path.read_text(encoding="utf-8"), placement), encoding="utf-8")
+    return list(PRESETS.values())

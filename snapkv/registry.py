@@ -47,3 +47,31 @@ def scoring_methods() -> list[str]:
     """The methods that score prompt positions, so that a wrapper (AdaKV, CriticalAdaKV) can take any of
     them as its ``scorer`` (``Method.scores_positions``)."""
     return sorted(name for name, cls in METHODS.items() if cls.scores_positions)
+
+
+PLACEMENTS = ("agnostic", "aware")  # kvpress's leaderboard: the question outside or inside the compressed context
+
+
+def kvpress_entries(placement: str | None = None) -> dict[str, tuple[str, str, dict]]:
+    """Every kvpress registry entry a method's file declares (``Method.kvpress_entries``), as
+    option -> (method, kvpress's entry name, the fields it sets); with ``placement``, only the entries of
+    that board of kvpress's leaderboard. An entry's declaration may name the method it runs (``"method"``,
+    default: the declaring method; e.g. compactor's file declares ``adakv_compactor``, AdaKV over it), its
+    option (``"option"``) and its boards (``"placements"``, default ``("agnostic",)``); otherwise the option
+    is the method's own when the entry sets no field, else ``<method>_<entry>``. Full KV's entry
+    (``no_press``) is the baseline of both boards."""
+    if placement is not None:
+        check_choice("placement", placement, PLACEMENTS)
+    out = {}
+    for name, cls in sorted(METHODS.items()):
+        for press, declared in cls.kvpress_entries.items():
+            fields = dict(declared)
+            method = fields.pop("method", name)
+            placements = fields.pop("placements", PLACEMENTS if not METHODS[method]().compresses else ("agnostic",))
+            option = fields.pop("option", None) or (method if not fields and method == name else f"{method}_{press}")
+            if placement is not None and placement not in placements:
+                continue
+            if option in out:
+                raise ValueError(f"kvpress entries {out[option][1]!r} and {press!r} both make the option {option!r}")
+            out[option] = (method, press, fields)
+    return out

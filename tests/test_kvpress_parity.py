@@ -1,7 +1,11 @@
 """Every leaderboard method keeps what kvpress 0.5.5's press keeps, on cases kvpress itself wrote
 (``tests/fixtures/kvpress``: its README gives the commands): per (layer, KV head), the set of kept prompt
 positions, and the 8 greedy tokens decoded from the compressed cache (AdaKV's: kvpress masks what it
-evicts, we store only what is kept). All settings of a model share one prefill here."""
+evicts, we store only what is kept). All settings of a model share one prefill here.
+
+``cases.json.gz`` holds the first entries; each entry added since has its own file,
+``entries/<name>.json.gz``, written by ``entries/write_<name>.py``, whose cases carry our setting
+(``ours``), so a new entry is its method's file and its fixture, not an edit here."""
 from __future__ import annotations
 
 import base64
@@ -24,9 +28,16 @@ KVPRESS_SETTINGS = {"snapkv": dict(window=64, kernel=5, pooling="avgpool", gqa="
 ENTRIES = {"adakv_expected_attention": ("adakv", dict(scorer="expected_attention", scorer_epsilon=0.01))}
 
 
-def setting(name: str, ratio: float) -> snapkv.Method:
+ENTRY_FILES = sorted((FIXTURES / "entries").glob("*.json.gz"))
+
+
+def setting(case) -> snapkv.Method:
+    if "ours" in case:
+        ours = dict(case["ours"])
+        return snapkv.build_config(ours.pop("method"), budget=None, ratio=case["ratio"], **ours)
+    name = case["method"]
     method, fields = ENTRIES.get(name, (name, KVPRESS_SETTINGS.get(name, {})))
-    return snapkv.build_config(method, budget=None, ratio=ratio, **fields)
+    return snapkv.build_config(method, budget=None, ratio=case["ratio"], **fields)
 
 
 def kvpress_kept(case) -> np.ndarray:
@@ -54,7 +65,7 @@ def run_cases(model, record):
     ids = torch.tensor([record["ids"]])
     cases = record["cases"]
     outcomes = []
-    with torch.no_grad(), snapkv.compress(model, [setting(c["method"], c["ratio"]) for c in cases]) as session:
+    with torch.no_grad(), snapkv.compress(model, [setting(c) for c in cases]) as session:
         out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         caches, session.caches = session.caches, []
         first = int(out.logits[0, -1].argmax())
@@ -103,3 +114,34 @@ def test_smollm2_keeps_what_kvpress_keeps():
     assert compared == len(record["cases"]) == 4 * len(methods)
     assert methods == {"knorm", "tova", "keydiff", "expected_attention", "snapkv", "adakv", "critical_adakv",
                        "streamingllm", "adakv_expected_attention", "kvzip"}
+
+
+def _entry_cases(path: Path, model_name: str):
+    record = json.loads(gzip.open(path, "rt", encoding="utf-8").read())
+    return record["models"].get(model_name)
+
+
+def _check_entry(path: Path, model, model_record) -> None:
+    if model_record is None:
+        pytest.skip(f"{path.name} has no cases on this model")
+    compared = check(run_cases(model, model_record), len(model_record["ids"]))
+    assert compared == len(model_record["cases"]) > 0, path.name
+
+
+ENTRY_IDS = [p.name.split(".")[0] for p in ENTRY_FILES]
+
+
+@pytest.mark.parametrize("path", ENTRY_FILES, ids=ENTRY_IDS)
+def test_each_added_entry_keeps_what_kvpress_keeps_on_the_tiny_model(path):
+    model = AutoModelForCausalLM.from_pretrained(FIXTURES / "tiny_gqa", dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    _check_entry(path, model, _entry_cases(path, "tiny_gqa"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ENTRY_FILES, ids=ENTRY_IDS)
+def test_each_added_entry_keeps_what_kvpress_keeps_on_smollm2(path):
+    from eval.runner import load_model
+    from omegaconf import OmegaConf
+    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
+    _check_entry(path, model, _entry_cases(path, "smollm2"))

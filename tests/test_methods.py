@@ -60,11 +60,12 @@ def test_every_method_is_exported_under_its_class_name():
         assert cls.__name__ in snapkv.__all__ and getattr(snapkv, cls.__name__) is cls
 
 
-def test_the_leaderboard_preset_sweeps_every_entry_the_registry_declares():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("placement", ["agnostic", "aware"])
+def test_the_leaderboard_presets_sweep_every_entry_the_registry_declares(placement):
     from eval import leaderboard
-    preset = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf/experiment/kvpress_leaderboard.yaml")
-    assert preset.hydra.sweeper.params.compressor == leaderboard.preset_options()
+    path = leaderboard.PRESETS[placement]
+    text = path.read_text(encoding="utf-8")
+    assert leaderboard.with_preset_options(text, placement) == text, f"{path.name} drifted from the registry"
     declared = {press for cls in snapkv.METHODS.values() for press in cls.kvpress_entries}
     assert set(leaderboard.KVPRESS_NAMES.values()) == declared
 

@@ -33,7 +33,7 @@ ALLOCATIONS = ("kvpress", "authors")
 class AdaKV(HeadAdaptiveMethod):
     method = "adakv"
     display_name = "AdaKV"
-    kvpress_entries = {"adakv_snapkv": {},
+    kvpress_entries = {"adakv_snapkv": {"placements": ("agnostic", "aware")},
                        # kvpress's "expected_attention" entry: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
                        "expected_attention": {"scorer": "expected_attention", "scorer_epsilon": 0.01}}
     paper = "Ada-KV, arXiv 2407.11550"

@@ -27,7 +27,7 @@ class SnapKV(WindowVoteMethod):
     budget_meaning = "tokens kept per head, the window included (`max_capacity_prompt`)"
     deviations = "`gqa=mean` default (official: `repeat`); kept positions sorted"
     scores_positions = True
-    kvpress_entries = {"snapkv": {}}
+    kvpress_entries = {"snapkv": {"placements": ("agnostic", "aware")}}  # on both of kvpress's boards
 
     def prompt_scores(self, ctx):
         _, votes = window_votes(ctx, self.window)
