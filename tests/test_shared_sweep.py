@@ -25,7 +25,7 @@ TASKS = {
     "lines": ["lines.lengths=[300]", "lines.depths=[0,100]", "lines.max_new_tokens=3"],
 }
 RESULTS = {"longbench": "pred/multi_news.jsonl", "needle": "needle.jsonl", "lines": "lines.jsonl"}
-TIMINGS = ("prefill_s", "build_s")
+TIMINGS = ("prefill_s", "build_s", "cost")  # measurements, not results
 
 
 def task_run(task):
@@ -257,3 +257,36 @@ def test_a_plain_multirun_runs_full_kv_once_whatever_budgets_it_sweeps(tmp_path)
     assert folders == ["full", "snapkv-b128-w8-k7-maxpool-mean", "snapkv-b64-w8-k7-maxpool-mean"]
     assert len((tmp_path / "tiny-llama" / "full" / "needle.jsonl").read_text().splitlines()) == 1
     assert not list(tmp_path.glob("tiny-llama/*/failed.json"))
+
+
+
+def shared_sweep(tmp_path, *overrides):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "eval.needle", "-m", "hydra/sweeper=shared_prefill",
+                           "model=tiny-llama", *overrides, f"hydra.sweep.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_failed_group_names_each_setting_by_its_own_overrides_and_exits_1(tmp_path):
+    """A group of budgets 128 and 256 that fails (an even kernel): each setting's folder gets a failure
+    record with that setting's overrides, the summary lists both, and the sweep exits 1."""
+    proc = shared_sweep(tmp_path, "compressor=snapkv", "compressor.kernel=4", "compressor.budget=128,256",
+                        "compressor.window=8", "needle.lengths=[300]", "needle.depths=[50]", "needle.max_new_tokens=2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "2 jobs -> 1 job(s)" in proc.stdout
+    summary = [line.split(": ")[0].split() for line in proc.stderr.split("2 job(s) failed:")[1].splitlines()
+               if "kernel=4 must be odd" in line]
+    assert sorted(b for overrides in summary for b in overrides if b.startswith("compressor.budget=")) == \
+        ["compressor.budget=128", "compressor.budget=256"]
+    assert not any(o.startswith("shared_prefill.group=") for overrides in summary for o in overrides)
+    for budget in (128, 256):
+        folder = tmp_path / "tiny-llama" / f"snapkv-b{budget}-w8-k4-maxpool-mean"
+        failed = json.loads((folder / "failed.json").read_text())
+        assert f"compressor.budget={budget}" in failed["overrides"] and "must be odd" in failed["error"]
+
+
+def test_a_sweep_the_sweeper_refuses_is_one_line_and_exit_2(tmp_path):
+    proc = shared_sweep(tmp_path, "compressor.kernel=5,7", "compressor.tag=same")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: two settings write") and proc.stderr.count("\n") == 1, proc.stderr

@@ -8,7 +8,10 @@ settings that land in the same folder, writes each group's settings to
 ``<sweep dir>/.shared_prefill/group-N.json`` and launches one job per group through the configured
 launcher (the basic one, or ``hydra/launcher=slurm``: one SLURM job per group). A group of one
 setting is launched as the plain job it is. On SLURM each job's memory request follows the memory
-planner (``eval.job_memory``): one line per job says what was planned.
+planner (``eval.job_memory``): one line per job says what was planned. Each setting keeps the
+overrides of the job it stands for (in the group file): a group job that fails records each
+setting's failure under them (``eval.hydra_app.job_settings``), and the summary at the end of the
+sweep lists each setting that failed; the sweep then exits 1.
 """
 from __future__ import annotations
 
