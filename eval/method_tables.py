@@ -11,7 +11,9 @@ import snapkv
 
 ROOT = Path(__file__).resolve().parent.parent
 # table name -> the file it stands in
-FILES = {"readme": ROOT / "README.md", "library": ROOT / "docs" / "library.md"}
+FILES = {"readme": ROOT / "README.md", "library": ROOT / "docs" / "library.md",
+         "leaderboard": ROOT / "docs" / "leaderboard.md"}
+EQUAL = "kept positions and tokens equal (tested)"
 
 
 def _ordered() -> list:
@@ -41,7 +43,23 @@ def library_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"readme": readme_table, "library": library_table}
+def leaderboard_table() -> str:
+    """Every kvpress registry entry a method declares: its board, its option here, its parity with kvpress."""
+    from snapkv.registry import PLACEMENTS, kvpress_entries
+    rows = ["| kvpress registry entry | board | here | checked against kvpress |", "|---|---|---|---|"]
+    for placement in PLACEMENTS:
+        for option, (method, press, fields) in kvpress_entries(placement).items():
+            declared = next(entry for cls in snapkv.METHODS.values() for name, entry in cls.kvpress_entries.items()
+                            if name == press and entry.get("method", cls.method) == method)
+            setting = ", ".join(f"{k}={v}" for k, v in fields.items())
+            here = f"`compressor={option}`" + (f" ({setting})" if setting else "")
+            parity = "—" if not snapkv.METHODS[method]().compresses else declared.get("parity", EQUAL)
+            board = "query-agnostic" if placement == "agnostic" else "query-aware"
+            rows.append(f"| `{press}` | {board} | {here} | {_cell(parity)} |")
+    return "\n".join(rows)
+
+
+TABLES = {"readme": readme_table, "library": library_table, "leaderboard": leaderboard_table}
 
 
 def _block(name: str) -> re.Pattern:

@@ -17,8 +17,9 @@ import torch
 
 import snapkv
 from snapkv.errors import InputError, check_choice
-from snapkv.merge import weight_major_linears
 from snapkv.ragged import storage_alternatives
+
+from .decoding import Limits, Member, decode, sync
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")  # model.attn_implementation
 PREFILLS = ("each", "padded")  # batch.prefill: how items in flight are prefilled (Runner.generate_items)
@@ -242,16 +243,13 @@ class Prefill:
 
 
 @dataclass
-class _Member:
-    """One item's cache under one setting, waiting for its decoding batch (``Runner.generate_items``)."""
+class _Owner:
+    """Whose cache a member of ``Runner.generate_items``' decoding is, and what its record needs."""
     row: int
     setting: int
-    cache: object
-    logits: torch.Tensor | None
     lengths: list
     kv_bytes: int
     storage: dict
-    question_s: float = 0.0
     timing: dict = field(default_factory=dict)
 
 
@@ -288,11 +286,6 @@ def cheapest_cuts(sizes: list[int], fixed: int) -> list[tuple[int, int]]:
     return out[::-1]
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 class Runner:
     """Greedy decoding with a compressor; the prefill computes logits for the last position only."""
 
@@ -313,13 +306,13 @@ class Runner:
     def _prefill(self, session, ids: torch.Tensor, **kwargs) -> Prefill:
         """One timed prefill in ``session``."""
         from transformers import DynamicCache
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         out = self.model(ids, cache=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1,
                          **kwargs)
         logits = out.logits[:, -1]
         del out
-        _sync(self.device)
+        sync(self.device)
         seconds = time.perf_counter() - start
         compress_s, compressing = session.compression_seconds()
         done = Prefill(logits, seconds, session.caches, session.lengths_per_setting, compress_s,
@@ -353,67 +346,54 @@ class Runner:
         return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens, together,
                               question_tokens)
 
+    def _question(self, ids: torch.Tensor, **kwargs):
+        """The pass that appends a question kept out of the compression to a cache: its last logits."""
+        return lambda cache: self.model(ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
+
     @torch.inference_mode()
     def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
                   together: bool = False, question_tokens: int = 0, decode_repeats: int = 0):
-        model = self.model
         input_ids = input_ids.to(self.device)
         if not 0 <= question_tokens < input_ids.shape[1]:
             raise InputError(f"question_tokens={question_tokens}: the prompt has {input_ids.shape[1]} tokens; "
                              "at least one must come before the question")
         split = input_ids.shape[1] - question_tokens
         context, question = input_ids[:, :split], input_ids[:, split:]
+        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens)
         with self._compressing(compressors) as session:
             pre = self._prefill(session, context)
-            first_logits, caches = pre.logits, pre.caches
-            kv_bytes = [kv_cache_bytes(cache) for cache in caches]
-            storage = [storage_alternatives(cache, split) for cache in caches]
+            kv_bytes = [kv_cache_bytes(cache) for cache in pre.caches]
+            storage = [storage_alternatives(cache, split) for cache in pre.caches]
             full_bytes = self.token_kv_bytes * split
+
+            def generation(i: int, tokens: list[int], decode_s: float, rows: int = 1) -> Generation:
+                return Generation(tokens, input_ids.shape[1], pre.seconds, decode_s, pre.lengths[i], kv_bytes[i],
+                                  storage[i], **pre.timing(i), full_kv_bytes=full_bytes, decode_rows=rows)
             if decode_repeats:
-                return self._decode_copies(caches.pop(), input_ids.shape[1], pre, kv_bytes[0], max_new_tokens,
-                                           decode_repeats, storage[0], full_bytes)
-            batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
-                                                                                          range(len(caches))]
-            results = [None] * len(caches)
-            for batch in batches:
-                start = time.perf_counter()
-                if question_tokens:  # the question, uncompressed, after each setting's compressed context
-                    logits = [model(question, cache=caches[i], use_cache=True, logits_to_keep=1).logits[:, -1]
-                              for i in batch]
-                else:
-                    logits = [first_logits.clone() for _ in batch]
-                if len(batch) == 1:
-                    cache = caches[batch[0]]
-                    decoded = [self._decode(cache, logits[0], max_new_tokens, set(stop_ids), min_new_tokens)]
-                else:
-                    cache = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens)
-                    rows = logits[0].shape[0]
-                    decoded = self._decode_rows(cache, torch.cat(logits), len(batch),
-                                                max_new_tokens, set(stop_ids), min_new_tokens)[::rows]
-                del logits
-                _sync(self.device)
-                decode_s = time.perf_counter() - start
-                for i, tokens in zip(batch, decoded):
-                    results[i] = Generation(tokens, input_ids.shape[1], pre.seconds, decode_s, pre.lengths[i],
-                                            kv_bytes[i], storage[i], **pre.timing(i), full_kv_bytes=full_bytes,
-                                            decode_rows=len(batch))
-                    caches[i] = None
-                del cache
+                return [generation(0, tokens, seconds) for tokens, seconds in
+                        self._decode_copies(pre.caches.pop(), pre.logits, limits, decode_repeats)]
+            rows = pre.logits.shape[0]
+            members = [Member(cache, None if question_tokens else pre.logits.clone(),
+                              self._question(question) if question_tokens else None, rows)
+                       for cache in pre.caches]
+            pre.caches.clear()
+            batches = self.decode_batches([m.cache for m in members]) if together and self._can_merge() \
+                else [[i] for i in range(len(members))]
+            results = [None] * len(members)
+            for batch, tokens, decode_s in decode(self.model, members, batches, limits):
+                for i, member_rows in zip(batch, tokens):
+                    results[i] = generation(i, member_rows[0], decode_s, len(batch))
         return results
 
-    def _decode_copies(self, cache, input_tokens: int, pre: Prefill, kv_bytes: int, max_new_tokens: int,
-                       repeats: int, storage: dict, full_bytes: int) -> list[Generation]:
-        runs = []
+    def _decode_copies(self, cache, logits, limits: Limits, repeats: int):
+        """``repeats`` decodes of ``cache``, each from its own copy made outside its timing: (tokens, seconds)."""
         for left in range(repeats - 1, -1, -1):
             this = copy.deepcopy(cache) if left else cache
-            _sync(self.device)
-            start = time.perf_counter()
-            tokens = self._decode(this, pre.logits.clone(), max_new_tokens, set(), 0)
-            _sync(self.device)
-            runs.append(Generation(tokens, input_tokens, pre.seconds, time.perf_counter() - start, pre.lengths[0],
-                                   kv_bytes, storage, **pre.timing(0), full_kv_bytes=full_bytes))
+            sync(self.device)
+            for _, tokens, seconds in decode(self.model, [Member(this, logits.clone(), rows=logits.shape[0])], [[0]],
+                                             limits):
+                yield tokens[0][0], seconds
             del this
-        return runs
 
     def _can_merge(self) -> bool:
         if self.model.config._attn_implementation != "flash_attention_2":
@@ -443,50 +423,6 @@ class Runner:
             batches.extend([members[a:b] for a, b in cheapest_cuts(sizes, self.weight_bytes)])
         return batches
 
-    def _decode_rows(self, cache, logits, settings: int, max_new_tokens: int, stop: set,
-                     min_new_tokens: int, mask: torch.Tensor | None = None) -> list[list[int]]:
-        """Greedy decoding of every row of a cache: ``settings`` consecutive groups of rows (the members
-        of a merged cache, or one), each row stopping on its own; the tokens of each row. A member whose
-        rows have all stopped leaves a merged cache (``snapkv.merge.drop_rows``: later steps compute the
-        others only); a stopped row of an unfinished member runs on (its tokens are dropped). ``mask``:
-        the 2-D padding mask of a left-padded batch (a plain cache attends through it, its rows at their
-        own positions), extended at each step."""
-        from snapkv.cache_state import state_of
-        from snapkv.merge import drop_rows
-        total = logits.shape[0]
-        rows = total // settings
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        done = [False] * total
-        finished = [False] * settings
-        alive = list(range(total))  # the original row of each row the cache holds now
-        state = state_of(cache)
-        merged = settings > 1 and state is not None and state.cfg is None
-        with weight_major_linears(self.model):  # faster for a few rows on a CPU (snapkv.merge)
-            for step in range(max_new_tokens):
-                if step < min_new_tokens and stop:
-                    logits[:, list(stop)] = float("-inf")
-                picks = logits.argmax(dim=-1)
-                for row, token in zip(alive, picks.tolist()):
-                    if not done[row]:
-                        tokens[row].append(token)
-                        done[row] = token in stop or step == max_new_tokens - 1
-                newly = [k for k in range(settings) if not finished[k] and all(done[k * rows:(k + 1) * rows])]
-                for k in newly:
-                    finished[k] = True
-                if all(done):
-                    break
-                if newly and merged:
-                    staying = [pos for pos, row in enumerate(alive) if not finished[row // rows]]
-                    drop_rows(cache, [pos for pos, row in enumerate(alive) if finished[row // rows]])
-                    alive = [alive[pos] for pos in staying]
-                    picks = picks[staying]
-                extra = {}
-                if mask is not None:
-                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                    extra.update(attention_mask=mask, position_ids=mask.sum(dim=1, keepdim=True) - 1)
-                logits = self.model(picks[:, None], cache=cache, use_cache=True, **extra).logits[:, -1]
-        return tokens
-
     @torch.inference_mode()
     def generate_items(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids=(),
                        min_new_tokens: int = 0, together: bool = False, question_tokens: int = 0,
@@ -504,30 +440,22 @@ class Runner:
         check_choice("batch.prefill", prefill, PREFILLS)
         if question_tokens and min(len(p) for p in prompts) <= question_tokens:
             raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
+        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens)
         if prefill == "padded":
-            return self._items_padded(prompts, compressors, max_new_tokens, stop_ids, min_new_tokens, together,
-                                      question_tokens)
-        model = self.model
-        members, prefill_s = [], 0.0
+            return self._items_padded(prompts, compressors, limits, together, question_tokens)
+        members, owners, prefill_s = [], [], 0.0
         with self._compressing(compressors) as session:
             for row, prompt in enumerate(prompts):
-                context = torch.tensor([prompt[:len(prompt) - question_tokens]], device=self.device)
-                pre = self._prefill(session, context)
-                first_logits = pre.logits
+                split = len(prompt) - question_tokens
+                pre = self._prefill(session, torch.tensor([prompt[:split]], device=self.device))
                 prefill_s += pre.seconds
+                question = self._question(torch.tensor([prompt[split:]], device=self.device)) \
+                    if question_tokens else None
                 for i, cache in enumerate(pre.caches):
-                    member = _Member(row, i, cache, None, pre.lengths[i], kv_cache_bytes(cache),
-                                     storage_alternatives(cache, context.shape[1]),
-                                     timing={**pre.timing(i), "full_kv_bytes": self.token_kv_bytes * context.shape[1]})
-                    start = time.perf_counter()
-                    if question_tokens:
-                        question = torch.tensor([prompt[len(prompt) - question_tokens:]], device=self.device)
-                        member.logits = model(question, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-                    else:
-                        member.logits = first_logits.clone()
-                    _sync(self.device)
-                    member.question_s = time.perf_counter() - start
-                    members.append(member)
+                    owners.append(_Owner(row, i, pre.lengths[i], kv_cache_bytes(cache),
+                                          storage_alternatives(cache, split),
+                                          timing={**pre.timing(i), "full_kv_bytes": self.token_kv_bytes * split}))
+                    members.append(Member(cache, None if question else pre.logits.clone(), question))
                 del pre
             caches = [m.cache for m in members]
             if together:
@@ -535,33 +463,24 @@ class Runner:
             else:
                 batches = []
                 for i in range(len(compressors)):
-                    own = [k for k, m in enumerate(members) if m.setting == i]
+                    own = [k for k, m in enumerate(owners) if m.setting == i]
                     groups = self.decode_batches([caches[k] for k in own]) if self._can_merge() else [[j] for j in
                                                                                                     range(len(own))]
                     batches.extend([[own[j] for j in group] for group in groups])
             del caches
             results = [[None] * len(compressors) for _ in prompts]
-            for batch in batches:
-                start = time.perf_counter()
-                cache = members[batch[0]].cache if len(batch) == 1 else snapkv.merge_caches(
-                    [members[k].cache for k in batch], spare_tokens=max_new_tokens)
-                decoded = self._decode_rows(cache, torch.cat([members[k].logits for k in batch]), len(batch),
-                                            max_new_tokens, set(stop_ids), min_new_tokens)
-                _sync(self.device)
-                decode_s = time.perf_counter() - start + sum(members[k].question_s for k in batch)
-                for k, tokens in zip(batch, decoded):
-                    m = members[k]
-                    results[m.row][m.setting] = Generation(tokens, len(prompts[m.row]), prefill_s, decode_s,
+            for batch, tokens, decode_s in decode(self.model, members, batches, limits):
+                for k, member_rows in zip(batch, tokens):
+                    m = owners[k]
+                    results[m.row][m.setting] = Generation(member_rows[0], len(prompts[m.row]), prefill_s, decode_s,
                                                            m.lengths, m.kv_bytes, m.storage, **m.timing,
                                                            decode_rows=len(batch))
-                    members[k] = None
-                del cache
         return results
 
-    def _items_padded(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids,
-                      min_new_tokens: int, together: bool, question_tokens: int) -> list[list[Generation]]:
+    def _items_padded(self, prompts: list[list[int]], compressors: list, limits: Limits, together: bool,
+                      question_tokens: int) -> list[list[Generation]]:
         """``generate_items(prefill="padded")``: one left-padded prefill of every prompt."""
-        model, rows = self.model, len(prompts)
+        rows = len(prompts)
         contexts = [ids[:len(ids) - question_tokens] for ids in prompts]
         width = max(len(c) for c in contexts)
         ids = torch.zeros(rows, width, dtype=torch.long)
@@ -571,53 +490,25 @@ class Runner:
             mask[row, width - len(context):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        question = torch.tensor([p[len(p) - question_tokens:] for p in prompts], device=self.device) \
-            if question_tokens else None
+        question = None
+        if question_tokens:
+            mask = torch.cat([mask, mask.new_ones(rows, question_tokens)], dim=1)
+            question = self._question(torch.tensor([p[len(p) - question_tokens:] for p in prompts], device=self.device),
+                                      attention_mask=mask, position_ids=(mask.cumsum(dim=1) - 1)[:, -question_tokens:])
         results = [[None] * len(compressors) for _ in range(rows)]
         with self._compressing(compressors) as session:
-            pre = self._prefill(session, ids, attention_mask=mask, position_ids=positions)
-            first_logits, caches = pre.logits, pre.caches
-            kv_bytes = [kv_cache_bytes(cache) // rows for cache in caches]
-            batches = self.decode_batches(caches) if together and self._can_merge() else [[i] for i in
-                                                                                          range(len(caches))]
-            if question_tokens:
-                mask = torch.cat([mask, mask.new_ones(rows, question_tokens)], dim=1)
-            for batch in batches:
-                start = time.perf_counter()
-                if question is not None:
-                    at = (mask.cumsum(dim=1) - 1)[:, -question_tokens:]
-                    logits = [model(question, attention_mask=mask, position_ids=at, cache=caches[i], use_cache=True,
-                                    logits_to_keep=1).logits[:, -1] for i in batch]
-                else:
-                    logits = [first_logits.clone() for _ in batch]
-                if len(batch) == 1:
-                    cache, running = caches[batch[0]], mask
-                else:
-                    cache, running = snapkv.merge_caches([caches[i] for i in batch], spare_tokens=max_new_tokens), None
-                decoded = self._decode_rows(cache, torch.cat(logits), len(batch), max_new_tokens, set(stop_ids),
-                                            min_new_tokens, running)
-                del logits
-                _sync(self.device)
-                decode_s = time.perf_counter() - start
-                for k, i in enumerate(batch):
+            pre = self._prefill(session, ids, attention_mask=mask[:, :width], position_ids=positions)
+            kv_bytes = [kv_cache_bytes(cache) // rows for cache in pre.caches]
+            members = [Member(cache, None if question else pre.logits.clone(), question, rows, mask)
+                       for cache in pre.caches]
+            pre.caches.clear()
+            batches = self.decode_batches([m.cache for m in members]) if together and self._can_merge() else \
+                [[i] for i in range(len(members))]
+            for batch, tokens, decode_s in decode(self.model, members, batches, limits):
+                for i, member_rows in zip(batch, tokens):
                     for row in range(rows):
-                        results[row][i] = Generation(decoded[k * rows + row], len(prompts[row]), pre.seconds, decode_s,
+                        results[row][i] = Generation(member_rows[row], len(prompts[row]), pre.seconds, decode_s,
                                                      pre.lengths[i], kv_bytes[i], **pre.timing(i),
                                                      full_kv_bytes=self.token_kv_bytes * len(contexts[row]),
                                                      decode_rows=len(batch) * rows)
-                    caches[i] = None
-                del cache
         return results
-
-    def _decode(self, cache, logits, max_new_tokens: int, stop: set, min_new_tokens: int) -> list[int]:
-        tokens: list[int] = []
-        for step in range(max_new_tokens):
-            if step < min_new_tokens and stop:
-                logits[:, list(stop)] = float("-inf")
-            picks = logits.argmax(dim=-1)  # every row decodes its own token (a batch in eval.bench)
-            token = int(picks[0])
-            tokens.append(token)
-            if token in stop or step == max_new_tokens - 1:
-                break
-            logits = self.model(picks[:, None], cache=cache, use_cache=True).logits[:, -1]
-        return tokens

@@ -46,7 +46,8 @@ import yaml  # noqa: E402
 
 import snapkv  # noqa: E402
 from eval.bench.sweep import agreement, scaled  # noqa: E402
-from eval.runner import Runner, _sync, free_memory, is_oom  # noqa: E402
+from eval.decoding import sync  # noqa: E402
+from eval.runner import Runner, free_memory, is_oom  # noqa: E402
 from snapkv import memory  # noqa: E402
 from snapkv.architectures import window_queries  # noqa: E402
 from snapkv.transformers_workarounds import cache_argument  # noqa: E402
@@ -538,18 +539,18 @@ def section_shared_prefill(mode: Mode, clock: Clock) -> dict:
     settings = [mode.scaled(cfg) for cfg in TABLE1]
     ids = tokens(1, mode.shared_length, mode.lwm["vocab_size"], mode.device, seed=2)
     runner.generate(ids[:, :64], snapkv.FullKV(), 2)  # warm-up
-    _sync(mode.device)
+    sync(mode.device)
     start = time.perf_counter()
     solo = [runner.generate(ids, cfg, mode.shared_answer) for cfg in settings]
-    _sync(mode.device)
+    sync(mode.device)
     solo_s = time.perf_counter() - start
     start = time.perf_counter()
     shared = runner.generate_shared(ids, settings, mode.shared_answer)
-    _sync(mode.device)
+    sync(mode.device)
     shared_s = time.perf_counter() - start
     start = time.perf_counter()
     together = runner.generate_shared(ids, settings, mode.shared_answer, together=True)
-    _sync(mode.device)
+    sync(mode.device)
     together_s = time.perf_counter() - start
     differ, agree = agreement([g.tokens for g in shared], [g.tokens for g in together])
     full_prefill = solo[0].prefill_s

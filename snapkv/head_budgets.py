@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dataclasses import fields
 
-from .errors import InputError, check_choice, check_int, check_number
-from .method import POOLINGS, Method
+from .errors import InputError, check_number
+from .method import Method
 from .prompt_scores import by_real_rows
-from .registry import build_config, scoring_methods
+from .wrapping import ScorerWrapper
 
 
 def safeguarded(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
@@ -117,7 +116,7 @@ def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass
-class HeadAdaptiveMethod(Method):
+class HeadAdaptiveMethod(ScorerWrapper, Method):
     """What AdaKV and CriticalAdaKV share: kvpress's SnapKV as the default scorer (``scorer=`` any method
     that scores positions), the per-head average budget, its safeguard, and storage per head."""
 
@@ -132,19 +131,9 @@ class HeadAdaptiveMethod(Method):
     scorer_epsilon: float = 0.0   # scorer=expected_attention: its epsilon (kvpress's leaderboard entry: 0.01)
 
     def validate(self) -> None:
-        check_int("window", self.window, 1)
-        self.check_budget_or_ratio()
-        check_choice("gqa", self.gqa, ("mean", "max"))
-        check_choice("scorer", self.scorer, scoring_methods())
-        check_int("kernel", self.kernel, 1)
-        if self.kernel % 2 == 0:
-            raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
-        check_choice("pooling", self.pooling, POOLINGS)
+        self.check_scorer_fields()
         self.alpha_safeguard = check_number("alpha_safeguard", self.alpha_safeguard, 0, 1,
                                             "the share of its uniform budget each head keeps at least")
-        self.scorer_epsilon = check_number("scorer_epsilon", self.scorer_epsilon, 0)
-        if self.scorer_epsilon and not self._scorer_has_epsilon():
-            raise InputError(f"scorer_epsilon={self.scorer_epsilon:g}: scorer={self.scorer} has no epsilon; leave it 0")
         if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
 
@@ -155,17 +144,6 @@ class HeadAdaptiveMethod(Method):
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         # the scorer's window must fit before the prompt's end (kvpress asserts it): else keep all
         return length if length <= self.window else self.budget_for(length)
-
-    def _scorer_has_epsilon(self) -> bool:
-        from .registry import METHODS
-        return "epsilon" in {f.name for f in fields(METHODS[self.scorer])}
-
-    def scorer_config(self) -> Method:
-        """The wrapped method, with this one's window, kernel, pooling and GQA reduction (and
-        ``scorer_epsilon`` as its ``epsilon`` where it has one), as kvpress composes presses."""
-        extra = {"epsilon": self.scorer_epsilon} if self._scorer_has_epsilon() else {}
-        return build_config(self.scorer, window=self.window, kernel=self.kernel, pooling=self.pooling, gqa=self.gqa,
-                            **extra)
 
     def prompt_scores(self, ctx) -> torch.Tensor:
         """``[b, kv_heads, L]``: the scorer's ranking of every prompt position (its window, if any,

@@ -16,6 +16,17 @@ compute alike (SnapKV's window attention for every budget and kernel, H2O's accu
 for every budget) are computed once per layer (``LayerContext.shared``); each cache equals the one
 that setting alone produces, tensor for tensor.
 
+Attention weights (``Method.needs_attention_weights``, kvpress's ``attentions``): ``LayerContext.
+attention_weights()`` gives the pass's softmax rows ``[b, H, q, L]`` once per layer for every setting asking.
+With eager attention they are the module's own output (the hook reads it; nothing is computed again). sdpa and
+flash attention return none: the attention runs as it is, and its weights are computed again from the module's
+own queries (its ``q_proj`` output, kept until it returns) and the layer's keys, as eager computes them (``QK^T``
+times the module's scaling, masked, softmax in float32, cast to the model dtype), one block of query rows at a
+time so that only one block is ever in float32. What it costs beside sdpa: one more ``QK^T`` and softmax over
+every query, and one ``[b, H, q, L]`` tensor in the model dtype (eager's own ``L x L`` weights), freed as soon
+as that layer is compressed, so never more than one layer's. The weights equal eager's given the same queries
+and keys; the queries and keys themselves are the sdpa model's (they differ from an eager model's by rounding).
+
 Each cache carries its state (``snapkv.cache_state``, with the table of its lifecycle); every
 place where transformers must be worked around is in ``snapkv.transformers_workarounds``.
 """
@@ -55,6 +66,8 @@ class LayerContext:
     clock: Clock | None = None                     # times each shared score (``spans``) for the settings' costs
     spans: dict = field(default_factory=dict)      # key -> the span its computation took
     reads: set = field(default_factory=set)        # keys the setting compressed now has read
+    weights: torch.Tensor | None = None            # the module's own attention weights (eager), for a method
+    #                                                asking (``Method.needs_attention_weights``)
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -79,10 +92,57 @@ class LayerContext:
         self.projected_queries = None  # every row: the module's own product, held no longer than this
         return window_queries(self.attn, self.hidden_states, self.position_embeddings, n, projected)
 
+    def attention_weights(self) -> torch.Tensor:
+        """``[b, H, q, L]``: the softmax of every query of this pass (``q`` rows: the whole prompt at a prefill)
+        over the layer's ``L`` keys, in the model dtype, as eager attention computes them; once per layer for
+        every setting asking (``Method.needs_attention_weights``): the module's own where it returned them
+        (eager), else computed again (``eager_attention_weights``)."""
+        return self.shared(("attention_weights",), self._attention_weights)
+
+    def _attention_weights(self) -> torch.Tensor:
+        q_len, (b, _, length, _) = self.hidden_states.shape[1], self.keys.shape
+        own, self.weights = self.weights, None  # held no longer than this
+        if own is not None and own.shape[0] == b and own.shape[-2:] == (q_len, length):
+            return own
+        return eager_attention_weights(self.queries(q_len), self.keys, self.pad_mask, self.scaling)
+
     @property
     def scaling(self) -> float | None:
         """The attention module's own score scaling (None: 1/sqrt(head_dim))."""
         return getattr(self.attn, "scaling", None)
+
+
+# query rows per block of ``eager_attention_weights`` (its float32 softmax is one block's): small on a CPU, where
+# a block stays in cache between the matmul and the softmax, large on a GPU (fewer kernel launches)
+_WEIGHT_ROWS, _CPU_WEIGHT_ROWS = 1024, 128
+
+
+def eager_attention_weights(queries: torch.Tensor, keys: torch.Tensor, pad_mask: torch.Tensor | None = None,
+                            scaling: float | None = None) -> torch.Tensor:
+    """``[b, H, q, L]`` in the queries' dtype: the attention weights eager attention computes for ``queries``
+    (``[b, H, q, d]``, post-RoPE, the last ``q`` of the ``L`` positions) over ``keys`` (``[b, kv_heads, L, d]``):
+    the keys repeated to every query head of their group, ``QK^T`` times ``scaling`` (None: ``1/sqrt(d)``),
+    each query blind to later keys and to padded ones (``pad_mask`` ``[b, L]``), softmax in float32, cast back.
+    Query rows go by blocks; a masked score is set to the dtype's lowest where eager adds it (either way its
+    weight is an exact 0), so the weights are eager's bit for bit given the same queries and keys."""
+    b, n_heads, q_len, d = queries.shape
+    n_kv, length = keys.shape[1], keys.shape[2]
+    scale = scaling if scaling is not None else d ** -0.5
+    repeated = keys[:, :, None].expand(b, n_kv, n_heads // n_kv, length, d).reshape(b, n_heads, length, d)
+    out = torch.empty(b, n_heads, q_len, length, dtype=queries.dtype, device=queries.device)
+    key_pos = torch.arange(length, device=queries.device)
+    hidden_keys = None if pad_mask is None or pad_mask.shape[-1] != length else ~pad_mask[:, None, None, :]
+    lowest = torch.finfo(queries.dtype).min
+    rows = _CPU_WEIGHT_ROWS if queries.device.type == "cpu" else _WEIGHT_ROWS
+    for start in range(0, q_len, rows):
+        end = min(start + rows, q_len)
+        scores = torch.matmul(queries[:, :, start:end], repeated.transpose(2, 3)) * scale
+        later = key_pos[None, :] > torch.arange(start, end, device=queries.device)[:, None] + (length - q_len)
+        scores.masked_fill_(later, lowest)
+        if hidden_keys is not None:
+            scores.masked_fill_(hidden_keys, lowest)
+        out[:, :, start:end] = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    return out
 
 
 @dataclass
@@ -127,7 +187,9 @@ class CompressionSession:
         self._groups = {}
         self._attention = model.config._attn_implementation  # restored after a call routed elsewhere
         # a method scoring every query (H2O) reads the prompt's query projection as the module made it
-        self._keeps_projections = any(one.reads_every_query for one in cfgs)
+        self._keeps_projections = any(one.reads_every_query or one.needs_attention_weights for one in cfgs)
+        # a method reading the attention weights (ObservedAttention) takes the module's own where it returns them
+        self._keeps_weights = any(one.needs_attention_weights for one in cfgs)
         self._projections: dict = {}
         self._generate = None
 
@@ -396,8 +458,12 @@ class CompressionSession:
         idx = module.layer_idx
         layer = cache.layers[idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        weights = None
+        if self._keeps_weights and isinstance(output, tuple) and len(output) > 1 and torch.is_tensor(output[1]):
+            weights = output[1]  # eager attention's own (sdpa and flash return None)
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
-                           idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device))
+                           idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device),
+                           weights=weights)
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
             known, ctx.reads = set(ctx.spans), set()
@@ -462,6 +528,7 @@ class CompressionSession:
                 cache.layers[idx] = filled_layer(new_keys, new_values)
             state.record_kept(kept)
             state.record_slots(idx, kept, length)
+            budget = kept.shape[-1]  # what each head really keeps (ChunkKV: whole chunks)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
 

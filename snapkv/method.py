@@ -16,6 +16,8 @@ scoring during the prefill  per layer, after its attention, from ``LayerContext`
                             setting asking for it): ``score(ctx)`` for the top-k of ``select``, or
                             ``select(ctx, budget, window)`` itself; ``prompt_scores(ctx)``: every prompt
                             position ranked, for a method wrapping this one (``scores_positions``)
+attention weights           ``needs_attention_weights``: ``ctx.attention_weights()`` gives the prefill's
+                            own softmax rows ``[b, H, q, L]``, as eager attention computes them (no)
 scoring after the prefill   ``scores_after_prefill``: ``replay_key()``, ``scores(replay, full, ids)``
                             once per key for every setting sharing it, then ``cut(scores)`` (none)
 storage                     uniform layers, or each head its own slots when ``select`` gives ``valid``
@@ -68,6 +70,12 @@ class Method:
     # whether ``score`` reads the queries of every prompt position (``ctx.queries(length)``): the
     # session then keeps each layer's q_proj output from the module's own call instead of projecting again
     reads_every_query: ClassVar[bool] = False
+    # whether ``score``/``select`` reads the pass's attention weights (``ctx.attention_weights()``: every
+    # query row's softmax over the layer's keys, ``[b, H, q, L]`` in the model dtype, as eager attention
+    # computes them: kvpress's ``attentions``). With eager attention they are the module's own output; with
+    # sdpa or flash (which return none) they are computed again from the module's queries and keys, one
+    # block of rows at a time, into one ``[b, H, q, L]`` tensor freed once the layer is compressed
+    needs_attention_weights: ClassVar[bool] = False
     # whether heads of one layer keep different numbers of positions (``select`` returns ``valid``)
     head_adaptive: ClassVar[bool] = False
     # whether the method scores once the whole prompt is prefilled (KVzip): its layers are kept whole

@@ -57,7 +57,8 @@ def kvpress_entries(placement: str | None = None) -> dict[str, tuple[str, str, d
     option -> (method, kvpress's entry name, the fields it sets); with ``placement``, only the entries of
     that board of kvpress's leaderboard. An entry's declaration may name the method it runs (``"method"``,
     default: the declaring method; e.g. compactor's file declares ``adakv_compactor``, AdaKV over it), its
-    option (``"option"``) and its boards (``"placements"``, default ``("agnostic",)``); otherwise the option
+    option (``"option"``), its boards (``"placements"``, default ``("agnostic",)``) and a note on its parity
+    with kvpress for the docs (``"parity"``, default: equal, tested); otherwise the option
     is the method's own when the entry sets no field, else ``<method>_<entry>``. Full KV's entry
     (``no_press``) is the baseline of both boards."""
     if placement is not None:
@@ -67,6 +68,7 @@ def kvpress_entries(placement: str | None = None) -> dict[str, tuple[str, str, d
         for press, declared in cls.kvpress_entries.items():
             fields = dict(declared)
             method = fields.pop("method", name)
+            fields.pop("parity", None)  # the docs' note on its parity with kvpress
             placements = fields.pop("placements", PLACEMENTS if not METHODS[method]().compresses else ("agnostic",))
             option = fields.pop("option", None) or (method if not fields and method == name else f"{method}_{press}")
             if placement is not None and placement not in placements:

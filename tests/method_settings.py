@@ -15,7 +15,7 @@ def small(method: str, budget: int = 48, window: int = 8, **fields) -> snapkv.Me
     return snapkv.build_config(method, **{"budget": budget, "window": window, "kernel": 5, **fields})
 
 
-def with_every_method(settings: list, distinct_from: int | None = None, **size) -> list:
+def with_every_method(settings: list, distinct_from: int | None = None, step: int = 8, **size) -> list:
     """``settings`` plus each registered method none of them uses, at its test size (or ``size``);
     with ``distinct_from``, the added methods get budgets ``distinct_from``, ``+ 8``, ... so that each
     keeps a cache length of its own."""
@@ -23,4 +23,4 @@ def with_every_method(settings: list, distinct_from: int | None = None, **size) 
     added = [name for name in REGISTERED if name not in used]
     if distinct_from is None:
         return list(settings) + [small(name, **size) for name in added]
-    return list(settings) + [small(name, budget=distinct_from + 8 * i, **size) for i, name in enumerate(added)]
+    return list(settings) + [small(name, budget=distinct_from + step * i, **size) for i, name in enumerate(added)]

@@ -103,7 +103,9 @@ def test_a_ratio_keeps_the_fraction_kvpress_keeps(method):
     cfg = snapkv.build_config(method, budget=None, ratio=0.75)
     assert cfg.budget_for(1000) == 250 and cfg.budget_for(4097) == int(4097 * 0.25)
     assert cfg.label().split(" ")[1:3] == ["ratio", "0.75"]
-    if method != "pyramidkv":  # KVzip cuts after the prefill: its layers are whole until then
+    if method == "chunkkv":  # whole chunks of 20, as kvpress's ChunkKVPress: int(50 * 0.25) of 50
+        assert [cfg.layer_budget(i, 4, 1000) for i in range(4)] == [12 * 20] * 4
+    elif method != "pyramidkv":  # KVzip cuts after the prefill: its layers are whole until then
         if cfg.scores_after_prefill:
             assert [cfg.stored_tokens(i, 4, 1000, 8) for i in range(4)] == [250] * 4
         else:

@@ -12,10 +12,13 @@ def test_every_entry_has_its_kvpress_name_and_every_setting_is_matched_back_to_i
     """The report names each leaderboard setting by kvpress's registry: the setting ``settings()`` makes of
     an entry is that entry again (adakv and adakv_expected_attention share a method, told apart by the scorer)."""
     from eval.report.leaderboard import kvpress_entry, method_name
-    assert set(leaderboard.KVPRESS_NAMES) == {"full", *leaderboard.ENTRIES}
+    assert set(leaderboard.KVPRESS_NAMES) == {"full", *leaderboard.ALL_ENTRIES} > {"full", *leaderboard.ENTRIES}
+    assert "chunkkv" in leaderboard.ALL_ENTRIES and "chunkkv" not in leaderboard.ENTRIES  # the query-aware board
     assert len(set(leaderboard.KVPRESS_NAMES.values())) == len(leaderboard.KVPRESS_NAMES)
-    entries = [name for name in leaderboard.ENTRIES for _ in leaderboard.RATIOS]
-    settings = leaderboard.settings()
+    entries = [name for name in leaderboard.ALL_ENTRIES for _ in leaderboard.RATIOS]
+    settings = [{"method": "full"}] + [{"method": name, **leaderboard.WINDOW_FAMILY, **fields, "budget": None,
+                                        "ratio": r} for name, fields in leaderboard.ALL_ENTRIES.items()
+                                       for r in leaderboard.RATIOS]
     assert kvpress_entry(settings[0]) == "full"
     for entry, setting in zip(entries, settings[1:]):
         assert kvpress_entry(setting) == entry

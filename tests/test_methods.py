@@ -79,7 +79,12 @@ def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
                "alpha_safeguard": 0.5, "epsilon": 0.01, "first_stage_ratio": 0.25, "n_future_positions": 256,
                "n_sink": 8, "use_covariance": False, "use_vnorm": False, "allocation": "authors",
                "scorer_epsilon": 0.01, "chunk_size": 1024, "layerwise": True, "plus_normalization": True,
-               "keep_prefix": True}
+               "keep_prefix": True, "schedule": "kvpress",  # PyramidKV's kvpress schedule
+               # LagKV, CUR, Compactor
+               "lag_size": 64, "cross_scoring": True, "num_sinks": 8, "leverage_type": "kv_avg",
+               "use_random_leverage": True, "use_local_approximation": False, "local_window_size": 32,
+               "sink_size_start": 16, "sink_size_end": 8, "sketch_dimension": 32, "blending": 0.5,
+               "chunk_length": 10, "block_size": 64}  # ChunkKV, Block
     alternatives = {"pooling": "maxpool"}  # where a method's default is the value above
     for f in dataclasses.fields(cls):
         if f.name in ("ratio", *cls.derived, *cls.untagged):

@@ -26,7 +26,7 @@ import torch
 
 from ..batching import AutoSize, BatchOptions, Entry, cut_batches
 from ..engine import Prompt
-from ..runner import _sync
+from ..decoding import sync
 from .sweep import agreement
 
 SHORT_DATASET, LONG_DATASET = "hotpotqa", "multi_news"
@@ -52,13 +52,13 @@ def item_rows(sample: list[dict], short: int, long: int) -> list[tuple[str, dict
 def one_at_a_time(runner, prompts: list[Prompt], settings: list,
                   together: bool) -> tuple[list[list[list[int]]], float]:
     tokens = []
-    _sync(runner.device)
+    sync(runner.device)
     started = time.perf_counter()
     for p in prompts:
         gens = runner.generate_shared(torch.tensor([p.ids]), settings, p.max_new_tokens, stop_ids=p.stop_ids,
                                       min_new_tokens=p.min_new_tokens, together=together)
         tokens.append([g.tokens for g in gens])
-    _sync(runner.device)
+    sync(runner.device)
     return tokens, time.perf_counter() - started
 
 
@@ -66,7 +66,7 @@ def in_flight(runner, prompts: list[Prompt], settings: list, size_for, prefill: 
     entries = [Entry(i, p, ["all"]) for i, p in enumerate(prompts)]
     batches = cut_batches(entries, size_for)
     tokens = [None] * len(prompts)
-    _sync(runner.device)
+    sync(runner.device)
     started = time.perf_counter()
     for batch in batches:
         first = batch[0].prompt
@@ -75,7 +75,7 @@ def in_flight(runner, prompts: list[Prompt], settings: list, size_for, prefill: 
                                      prefill=prefill)
         for entry, per_setting in zip(batch, gens):
             tokens[entry.item] = [g.tokens for g in per_setting]
-    _sync(runner.device)
+    sync(runner.device)
     return tokens, time.perf_counter() - started, [len(b) for b in batches]
 
 

@@ -24,7 +24,7 @@ import time
 import snapkv
 
 from .. import leaderboard
-from ..runner import _sync
+from ..decoding import sync
 
 PRESETS = {
     # SnapKV Table 1: full, SnapKV 1024/2048/4096 (window 32, kernel 7, max pooling), H2O 4096
@@ -75,7 +75,7 @@ def _shared_run(runner, prompts: list, settings: list, labels: list, together: b
     """Per label its decode times and tokens, the shared prefills' times, and the wall time."""
     out = {label: {"decode_s": [], "tokens": []} for label in labels}
     prefills = []
-    _sync(runner.device)
+    sync(runner.device)
     started = time.perf_counter()
     for ids, n_new, stops, min_new in prompts:
         gens = runner.generate_shared(ids, settings, n_new, stop_ids=stops, min_new_tokens=min_new,
@@ -84,7 +84,7 @@ def _shared_run(runner, prompts: list, settings: list, labels: list, together: b
         for label, gen in zip(labels, gens):
             out[label]["decode_s"].append(gen.decode_s)
             out[label]["tokens"].append(gen.tokens)
-    _sync(runner.device)
+    sync(runner.device)
     return out, prefills, time.perf_counter() - started
 
 
@@ -103,7 +103,7 @@ def measure_sweep(runner, prompts: list, settings: list, together: bool = True) 
     first = prompts[0]
     runner.generate(first[0][:, :64], snapkv.FullKV(), 2)  # warm-up: kernels, thread pools
     solo = {label: {"prefill_s": [], "decode_s": [], "tokens": []} for label in labels}
-    _sync(device)
+    sync(device)
     started = time.perf_counter()
     for ids, n_new, stops, min_new in prompts:
         for cfg, label in zip(settings, labels):
@@ -111,7 +111,7 @@ def measure_sweep(runner, prompts: list, settings: list, together: bool = True) 
             solo[label]["prefill_s"].append(gen.prefill_s)
             solo[label]["decode_s"].append(gen.decode_s)
             solo[label]["tokens"].append(gen.tokens)
-    _sync(device)
+    sync(device)
     solo_s = time.perf_counter() - started
     shared, shared_prefill, shared_s = _shared_run(runner, prompts, settings, labels, together=False)
     batched = _shared_run(runner, prompts, settings, labels, together=True) if together else None

@@ -36,7 +36,7 @@ def _same(a, b) -> bool:
 
 
 def kvpress_entry(compressor: dict) -> str | None:
-    """The entry of ``eval.leaderboard.ENTRIES`` a run's compressor is (``"full"`` for full KV), matched by
+    """The entry of ``eval.leaderboard.ALL_ENTRIES`` a run's compressor is (``"full"`` for full KV), matched by
     its method and the entry's own fields (``scorer``, ``scorer_epsilon``); a field that another entry of
     the same method sets must keep its default. None when it matches no entry."""
     import snapkv
@@ -49,7 +49,7 @@ def kvpress_entry(compressor: dict) -> str | None:
         return None
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     entries = {name: {k: v for k, v in extra.items() if k != "method"}
-               for name, extra in protocol.ENTRIES.items() if extra.get("method", name) == method}
+               for name, extra in protocol.ALL_ENTRIES.items() if extra.get("method", name) == method}
     keys = {k for extra in entries.values() for k in extra}
     for name, extra in entries.items():
         if all(_same(getattr(cfg, k, None), extra.get(k, defaults.get(k))) for k in keys):

@@ -3,7 +3,7 @@ head keeps the keys least similar to its mean key direction.
 
 As kvpress 0.5.5 ``KeyDiffPress`` scores it, in one shot over the prompt: the anchor is the mean of the
 L2-normalised keys, the score minus each key's cosine similarity to it. The paper evicts block by
-block as the prompt streams in (kvpress: ``BlockPress(KeyDiffPress)``); that variant is not here.
+block as the prompt streams in (kvpress: ``BlockPress(KeyDiffPress)``): that variant is ``compressor=block``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class KeyDiff(WholePromptMethod):
     paper = "KeyDiff, arXiv 2504.15364"
     reference = "kvpress 0.5.5 `KeyDiffPress` (minus the cosine similarity to the mean normalised key)"
     budget_meaning = "tokens per KV head, no window"
-    deviations = "one shot over the prompt (the paper: block by block)"
+    deviations = "one shot over the prompt (the paper: block by block, which is `compressor=block`)"
     scores_positions = True
 
     def score(self, ctx):

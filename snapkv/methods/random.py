@@ -15,7 +15,7 @@ from ..memory import votes_bytes
 class RandomKeep(Method):
     method = "random"
     display_name = "Random"
-    kvpress_entries = {"random": {}}
+    kvpress_entries = {"random": {"parity": "not comparable: ours keeps the window and draws with its own seed"}}
     reference = "none: random earlier positions and the window, a sanity floor"
     budget_meaning = "random earlier positions + window"
     deviations = "a sanity floor; draws depend on the batch shape"

@@ -27,7 +27,10 @@ class SnapKV(WindowVoteMethod):
     budget_meaning = "tokens kept per head, the window included (`max_capacity_prompt`)"
     deviations = "`gqa=mean` default (official: `repeat`); kept positions sorted"
     scores_positions = True
-    kvpress_entries = {"snapkv": {"placements": ("agnostic", "aware")}}  # on both of kvpress's boards
+    kvpress_entries = {"snapkv": {  # on both of kvpress's boards
+        "placements": ("agnostic", "aware"),
+        "parity": "equal where kvpress's `n_kept` is at least the window + 1 (below); window 64, kernel 5, avgpool "
+                  "as in the presets"}}
 
     def prompt_scores(self, ctx):
         _, votes = window_votes(ctx, self.window)

@@ -1,0 +1,91 @@
+"""What the methods wrapping another method's scores share, as kvpress composes presses (``AdaKVPress(press)``,
+``CriticalKVPress(press)``, ``ChunkKVPress(press)``, ``BlockPress(press)``): the wrapped method as a field
+(``scorer``: any registered method with ``scores_positions``, settable from Hydra), built with the wrapper's
+budget or ratio, window, kernel, pooling and GQA reduction; and layer contexts narrowed to one batch row or to
+a subset of positions, so the wrapped method scores them as it scores a whole prompt alone."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .errors import InputError, check_choice, check_int, check_number
+from .method import POOLINGS, Method
+from .registry import METHODS, build_config, scoring_methods
+
+
+class ScorerWrapper:
+    """The wrapped method's fields (``scorer``, ``scorer_epsilon`` and the SnapKV-family fields it is built
+    with), their checks, and ``scorer_config``."""
+
+    def check_scorer_fields(self) -> None:
+        check_int("window", self.window, 1)
+        self.check_budget_or_ratio()
+        check_choice("gqa", self.gqa, ("mean", "max"))
+        check_choice("scorer", self.scorer, scoring_methods())
+        check_int("kernel", self.kernel, 1)
+        if self.kernel % 2 == 0:
+            raise InputError(f"kernel={self.kernel} must be odd (pooling keeps the length with padding kernel // 2)")
+        check_choice("pooling", self.pooling, POOLINGS)
+        self.scorer_epsilon = check_number("scorer_epsilon", self.scorer_epsilon, 0)
+        if self.scorer_epsilon and not self._scorer_has_epsilon():
+            raise InputError(f"scorer_epsilon={self.scorer_epsilon:g}: scorer={self.scorer} has no epsilon; leave it 0")
+
+    def _scorer_has_epsilon(self) -> bool:
+        return "epsilon" in {f.name for f in fields(METHODS[self.scorer])}
+
+    def scorer_config(self) -> Method:
+        """The wrapped method, with this one's budget or ratio, window, kernel, pooling and GQA reduction (and
+        ``scorer_epsilon`` as its ``epsilon`` where it has one), as kvpress composes presses (the wrapper's
+        compression ratio is its press's: Compactor blends by it)."""
+        extra = {"epsilon": self.scorer_epsilon} if self._scorer_has_epsilon() else {}
+        return build_config(self.scorer, budget=self.budget, ratio=self.ratio, window=self.window, kernel=self.kernel,
+                            pooling=self.pooling, gqa=self.gqa, **extra)
+
+
+@dataclass
+class WrapperMethod(ScorerWrapper, Method):
+    """A uniform method over another's scores, with kvpress's SnapKVPress defaults for the wrapped method
+    (window 64, kernel 5, average pooling, the mean over each KV group); each file gives its ``scorer``."""
+
+    budget: int | None = 1024
+    window: int = 64              # the scorer's (kvpress's SnapKVPress defaults)
+    kernel: int = 5
+    pooling: str = "avgpool"
+    gqa: str = "mean"
+    scorer: str = ""              # the wrapped method (each wrapper's file gives its default)
+    scorer_epsilon: float = 0.0   # the scorer's epsilon, where it has one
+
+    def validate(self) -> None:
+        self.check_scorer_fields()
+        if self.ratio is None and self.budget <= self.window:
+            raise InputError(f"budget={self.budget} must be larger than window={self.window}")
+
+
+def narrowed(ctx, **changes):
+    """``ctx`` with ``changes`` (other keys, values, hidden states...) and nothing computed for the whole layer
+    carried over: no shared score, no query projection or attention weights of the module's own call."""
+    reset = {"memo": {}, "spans": {}, "reads": set(), "projected_queries": None}
+    if "weights" in {f.name for f in fields(ctx)}:
+        reset["weights"] = None
+    return replace(ctx, **reset, **changes)
+
+
+def row_contexts(ctx) -> list:
+    """``(row, pad, context)`` per batch row: the row's own layer context on its real tokens (what the row
+    alone gives the scorer: a score shared by a whole batch, such as SnapKV's window above every other
+    position by the batch's largest score, would differ); one row without padding: ``ctx`` itself."""
+    batch = ctx.keys.shape[0]
+    if batch == 1 and ctx.pad_mask is None:
+        return [(0, 0, ctx)]
+    if ctx.hidden_states.shape[1] != ctx.keys.shape[-2]:
+        raise InputError("a later turn of a batch cannot be compressed row by row (compress_later_turns=False "
+                         "appends it as it is)")
+    pads = [0] * batch if ctx.pad_mask is None else (~ctx.pad_mask).sum(dim=1).tolist()
+    out = []
+    for row, pad in enumerate(pads):
+        def cut(tensor, row=row, pad=pad):  # [b or 1, L, ...] -> the row's real positions
+            return (tensor[row:row + 1] if tensor.shape[0] > 1 else tensor)[:, pad:]
+        cos, sin = ctx.position_embeddings
+        out.append((row, pad, narrowed(ctx, hidden_states=cut(ctx.hidden_states),
+                                       position_embeddings=(cut(cos), cut(sin)), keys=ctx.keys[row:row + 1, :, pad:],
+                                       values=ctx.values[row:row + 1, :, pad:], pad_mask=None)))
+    return out
