@@ -36,7 +36,7 @@ from ..reconstruction import kept_in_layer, pruned_per_layer, reconstruction_sco
 class KVzip(WholePromptMethod):
     method = "kvzip"
     display_name = "KVzip"
-    kvpress_entries = {"kvzip": {}}
+    kvpress_entries = {"kvzip": {}, "kvzip_plus": {"plus_normalization": True, "option": "kvzip_plus"}}
     paper = "KVzip, arXiv 2505.23416"
     reference = "kvpress 0.5.5 `KVzipPress` with its defaults (4 sinks, chunks of 2,048, budgets across layers)"
     budget_meaning = "tokens per KV head on average over every layer and head"
