@@ -44,19 +44,6 @@ class Block(WrapperMethod):
         if self.ratio is None and self.budget <= scorer_window:
             raise InputError(f"budget={self.budget} must be larger than the scorer's window={scorer_window}")
 
-    def budget_for(self, length: int) -> int:
-        """``budget``, or kvpress's ``compute_n_kept`` (at least 1)."""
-        return self.budget if self.ratio is None else max(1, int(length * (1 - self.ratio)))
-
-    def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """None: no position is kept unconditionally (not even the scorer's window, as in kvpress)."""
-        return 0
-
-    def scorer_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """The scorer's window (KeyDiff: none): its queries must be in the prompt, and a prompt not longer is
-        kept whole (kvpress's SnapKV refuses it)."""
-        return self.scorer_config().recent_window(layer_idx, num_layers, length)
-
     def check_turn(self, ctx) -> None:
         """A later turn (``compress_later_turns``) cannot be taken block by block: kvpress's ``BlockPress``
         gathers the hidden states of the positions it scores, which a later turn does not have."""

@@ -59,24 +59,6 @@ class ChunkKV(WrapperMethod):
             return max(1, int(chunks * (1 - self.ratio)))
         return max(1, self.budget // self.chunk_length)
 
-    def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """None: no position is kept unconditionally (not even the scorer's window, as in kvpress)."""
-        return 0
-
-    def scorer_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """The scorer's window (KeyDiff: none): its queries must be in the prompt, and a prompt not longer is
-        kept whole (kvpress's SnapKV refuses it)."""
-        return self.scorer_config().recent_window(layer_idx, num_layers, length)
-
-    def check_turn(self, ctx) -> None:
-        """A later turn (``compress_later_turns``) shorter than the scorer's window cannot be scored."""
-        turn, length = ctx.hidden_states.shape[1], ctx.keys.shape[-2]
-        window = self.scorer_window(ctx.layer_idx, ctx.num_layers, length)
-        if turn < length and turn <= window:
-            raise InputError(f"{self.method}: a later turn of {turn} tokens is not longer than the scorer's "
-                             f"window={window}; it cannot be compressed (compress_later_turns=False appends it as "
-                             "it is)")
-
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         """Tokens per head kept: a prompt not longer than the scorer's window is kept whole (kvpress's SnapKV
         refuses it), one shorter than a chunk as the scorer alone keeps it; else the kept chunks' tokens, the

@@ -49,28 +49,6 @@ class CriticalKV(WrapperMethod):
         if self.ratio is None and self.budget <= self.window:
             raise InputError(f"budget={self.budget} must be larger than window={self.window}")
 
-    def budget_for(self, length: int) -> int:
-        """``budget``, or kvpress's ``compute_n_kept`` (at least 1)."""
-        return self.budget if self.ratio is None else max(1, int(length * (1 - self.ratio)))
-
-    def recent_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """None: no position is kept unconditionally (not even the scorer's window, as in kvpress)."""
-        return 0
-
-    def scorer_window(self, layer_idx: int, num_layers: int, length: int) -> int:
-        """The scorer's window (KeyDiff: none): its queries must be in the prompt, and a prompt not longer is
-        kept whole (kvpress's SnapKV refuses it)."""
-        return self.scorer_config().recent_window(layer_idx, num_layers, length)
-
-    def check_turn(self, ctx) -> None:
-        """A later turn (``compress_later_turns``) shorter than the scorer's window cannot be scored."""
-        turn, length = ctx.hidden_states.shape[1], ctx.keys.shape[-2]
-        window = self.scorer_window(ctx.layer_idx, ctx.num_layers, length)
-        if turn < length and turn <= window:
-            raise InputError(f"{self.method}: a later turn of {turn} tokens is not longer than the scorer's "
-                             f"window={window}; it cannot be compressed (compress_later_turns=False appends it as "
-                             "it is)")
-
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         # a prompt not longer than the scorer's window is kept whole (kvpress's SnapKV refuses it)
         if length <= self.scorer_window(layer_idx, num_layers, length):
