@@ -16,6 +16,7 @@ import torch
 from .errors import InputError, check_number
 from .method import Method
 from .prompt_scores import by_real_rows
+from .select import pack
 from .wrapping import ScorerWrapper
 
 
@@ -102,17 +103,6 @@ def per_row_keep(scores: torch.Tensor, pad_mask: torch.Tensor | None, keep_row) 
         pad_mask = torch.ones(scores.shape[0], scores.shape[-1], dtype=torch.bool, device=scores.device)
     return by_real_rows(pad_mask, lambda rows, first: keep_row(scores[rows, :, first:].clone(), rows, first),
                         fill=False)
-
-
-def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``keep`` ``[b, heads, n]`` to ``(kept, valid)`` ``[b, heads, longest]``: each head's kept positions
-    ascending, then (``valid`` False) positions it did not keep (the cache stores the valid ones only,
-    ``snapkv.ragged.pack_heads``)."""
-    counts = keep.sum(dim=-1)
-    longest = int(counts.max())
-    order = torch.sort((~keep).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
-    valid = torch.arange(longest, device=keep.device) < counts[..., None]
-    return order, valid
 
 
 @dataclass

@@ -144,3 +144,14 @@ def always_kept(scores: torch.Tensor, first: int = 0, last: int = 0) -> torch.Te
     if not first and not last:
         return scores
     return F.pad(scores, (first, last), value=scores.max().item() + 1)
+
+
+def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keep`` ``[b, heads, n]`` to ``(kept, valid)`` ``[b, heads, longest]``: each head's kept positions
+    ascending, then (``valid`` False) positions it did not keep (the cache stores the valid ones only,
+    ``snapkv.ragged.pack_heads``)."""
+    counts = keep.sum(dim=-1)
+    longest = int(counts.max())
+    order = torch.sort((~keep).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
+    valid = torch.arange(longest, device=keep.device) < counts[..., None]
+    return order, valid

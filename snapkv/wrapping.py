@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import torch
+
 from .errors import InputError, check_choice, check_int, check_number
 from .method import POOLINGS, Method
+from .select import pack
 from .registry import METHODS, build_config, scoring_methods
 
 
@@ -82,6 +85,20 @@ class WrapperMethod(ScorerWrapper, Method):
             raise InputError(f"{self.method}: a later turn of {turn} tokens is not longer than the scorer's "
                              f"window={window}; it cannot be compressed (compress_later_turns=False appends it as "
                              "it is)")
+
+    def row_keep(self, ctx) -> torch.Tensor:
+        """``[1, kv_heads, L]`` bool: what one batch row (``ctx`` narrowed to its real tokens) keeps."""
+        raise NotImplementedError
+
+    def select(self, ctx, budget: int, window: int):
+        """Each row's kept positions from ``row_keep`` on that row alone (uniform where every row keeps as many,
+        else each row its own count)."""
+        self.check_turn(ctx)
+        keep = torch.zeros(ctx.keys.shape[:3], dtype=torch.bool, device=ctx.keys.device)
+        for row, pad, row_ctx in row_contexts(ctx):
+            keep[row:row + 1, :, pad:] = self.row_keep(row_ctx)
+        kept, valid = pack(keep)
+        return kept, (None if bool(valid.all()) else valid)
 
 
 def narrowed(ctx, **changes):

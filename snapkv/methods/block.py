@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError, check_int
-from ..head_budgets import pack
 from ..registry import register
-from ..wrapping import WrapperMethod, narrowed, row_contexts
+from ..wrapping import WrapperMethod, narrowed
 
 
 @register
@@ -85,15 +84,6 @@ class Block(WrapperMethod):
             scores = scorer.prompt_scores(part)
             kept = current.gather(-1, scores.topk(n_kept, dim=-1).indices)
         return keep.scatter_(-1, kept, True)
-
-    def select(self, ctx, budget: int, window: int):
-        """Each row's kept positions (uniform where every row keeps as many, else each row its own count)."""
-        self.check_turn(ctx)
-        keep = torch.zeros(ctx.keys.shape[:3], dtype=torch.bool, device=ctx.keys.device)
-        for row, pad, row_ctx in row_contexts(ctx):
-            keep[row:row + 1, :, pad:] = self.row_keep(row_ctx)
-        kept, valid = pack(keep)
-        return kept, (None if bool(valid.all()) else valid)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scorer's term on a block's context (at most the prompt), that context's keys, values and two

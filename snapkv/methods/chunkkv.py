@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError, check_int
-from ..head_budgets import pack
 from ..registry import register
-from ..wrapping import WrapperMethod, row_contexts
+from ..wrapping import WrapperMethod
 
 
 @register
@@ -101,15 +100,6 @@ class ChunkKV(WrapperMethod):
         for start in (top * length).tolist():
             keep[..., start:start + length] = True  # the last chunk ends at the prompt's end
         return keep
-
-    def select(self, ctx, budget: int, window: int):
-        """Each row's kept chunks (uniform where every row keeps as many, else each row its own count)."""
-        self.check_turn(ctx)
-        keep = torch.zeros(ctx.keys.shape[:3], dtype=torch.bool, device=ctx.keys.device)
-        for row, pad, row_ctx in row_contexts(ctx):
-            keep[row:row + 1, :, pad:] = self.row_keep(row_ctx)
-        kept, valid = pack(keep)
-        return kept, (None if bool(valid.all()) else valid)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scorer's term, then its scores summed over the heads, the chunks' scores and the kept mask

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError, check_number
-from ..head_budgets import pack, value_output_norms
+from ..head_budgets import value_output_norms
 from ..registry import register
-from ..wrapping import WrapperMethod, row_contexts
+from ..wrapping import WrapperMethod
 
 
 @register
@@ -77,15 +77,6 @@ class CriticalKV(WrapperMethod):
         if self.layer_budget(ctx.layer_idx, ctx.num_layers, n) >= n:
             return keep.fill_(True)
         return keep.scatter_(-1, self.critical_scores(ctx).topk(self.budget_for(n), dim=-1).indices, True)
-
-    def select(self, ctx, budget: int, window: int):
-        """Each row's kept positions (uniform where every row keeps as many, else each row its own count)."""
-        self.check_turn(ctx)
-        keep = torch.zeros(ctx.keys.shape[:3], dtype=torch.bool, device=ctx.keys.device)
-        for row, pad, row_ctx in row_contexts(ctx):
-            keep[row:row + 1, :, pad:] = self.row_keep(row_ctx)
-        kept, valid = pack(keep)
-        return kept, (None if bool(valid.all()) else valid)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scorer's term, one query head's values times ``W_O`` (``[L, hidden]``) with every head's norms,
