@@ -30,13 +30,17 @@ from ..registry import register
 from ..prompt_scores import WholePromptMethod
 from ..reconstruction import kept_in_layer, pruned_per_layer, reconstruction_scores
 
+# its replay prompts the model, so it needs a tokenizer, which the tiny parity model has not
+SMOLLM2_ONLY = "kept positions and tokens equal on SmolLM2 (tested; the replay needs a tokenizer)"
+
 
 @register
 @dataclass
 class KVzip(WholePromptMethod):
     method = "kvzip"
     display_name = "KVzip"
-    kvpress_entries = {"kvzip": {}, "kvzip_plus": {"plus_normalization": True, "option": "kvzip_plus"}}
+    kvpress_entries = {"kvzip": {"parity": SMOLLM2_ONLY},
+                       "kvzip_plus": {"plus_normalization": True, "option": "kvzip_plus", "parity": SMOLLM2_ONLY}}
     paper = "KVzip, arXiv 2505.23416"
     reference = "kvpress 0.5.5 `KVzipPress` with its defaults (4 sinks, chunks of 2,048, budgets across layers)"
     budget_meaning = "tokens per KV head on average over every layer and head"
