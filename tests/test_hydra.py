@@ -22,7 +22,9 @@ def test_every_model_composes(task, model):
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 def test_every_compressor_builds(compressor):
     cfg = compose("longbench", [f"compressor={compressor}"])
-    presets = {"snapkv_needle": "snapkv", "adakv_expected_attention": "adakv"}  # option files of a method's
+    from eval.compressor_configs import entry_options
+    # option files of a method's: a preset, and the kvpress entries that set fields of their own
+    presets = {"snapkv_needle": "snapkv", **{option: method for option, (method, _, _) in entry_options().items()}}
     assert make_compressor(cfg.compressor).method == presets.get(compressor, compressor)
 
 
