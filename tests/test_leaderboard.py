@@ -47,10 +47,13 @@ def test_the_preset_runs_as_one_job_and_reports_every_entry_at_every_ratio(tmp_p
     assert len(rows) == 1 + len(leaderboard.ENTRIES)  # full KV and one row an entry
     assert all(line.count("|") == 2 + 5 + 1 for line in rows)  # ratio 0, the four ratios, the average
     names = {line.split(" | ")[0][2:].split(" (")[0] for line in rows}
-    assert names == set(leaderboard.KVPRESS_NAMES.values())  # kvpress's names
+    assert names == {leaderboard.KVPRESS_NAMES[e] for e in ["full", *leaderboard.ENTRIES]}  # kvpress's names
     cost_rows = [line.split(" | ") for line in costs.splitlines() if line.startswith("| ") and "method" not in line]
     assert len(cost_rows) == settings and all(row[2] and row[5] != " |" for row in cost_rows)  # no blanks
-    masked = {leaderboard.KVPRESS_NAMES[e] for e in ("adakv", "critical_adakv", "adakv_expected_attention", "kvzip")}
+    import snapkv
+    masked = {leaderboard.KVPRESS_NAMES[e] for e, fields in leaderboard.ENTRIES.items()  # head-adaptive: kvpress masks
+              if snapkv.METHODS[fields.get("method", e)].head_adaptive}
+    assert {"adakv_snapkv", "critical_adakv_snapkv", "expected_attention", "kvzip", "adakv_compactor"} <= masked
     assert all(("(kvpress " in row[2]) == (row[0][2:].split(" (")[0] in masked) for row in cost_rows)
     for suffix in ("", "_memory", "_time"):
         assert (tmp_path / "report" / f"leaderboard_tiny-llama_1024_agnostic{suffix}.png").exists()
