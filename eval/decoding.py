@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -26,15 +26,18 @@ class Member:
     question: Callable | None = None          # cache -> those logits, after appending the question to the cache
     rows: int = 1
     mask: torch.Tensor | None = None          # a left-padded batch's 2-D padding mask (it decodes alone)
+    after: dict | None = None                 # a setting cutting while decoding: its cuts, their time, its last KV
 
 
 @dataclass(frozen=True)
 class Limits:
     """How long each row decodes: ``max_new_tokens``, the ids that stop it, and the tokens before a stop id
-    may end it (``min_new_tokens``)."""
+    may end it (``min_new_tokens``); ``progress(n)``, if given, after each step with the ``n`` tokens it kept (a
+    progress bar by tokens for long answers, the bench's per-token times)."""
     max_new_tokens: int
     stop: frozenset = frozenset()
     min_new_tokens: int = 0
+    progress: Callable[[int], None] | None = field(default=None, compare=False, hash=False)
 
 
 def sync(device) -> None:
@@ -66,8 +69,21 @@ def decode(model, members: list[Member], batches: list[list[int]], limits: Limit
         for k, member in zip(batch, (members[k] for k in batch)):
             first = len(per_member) * member.rows
             per_member.append(rows[first:first + member.rows])
+            member.after = decoding_cost(member.cache)
             members[k].cache = members[k].logits = None
         yield batch, per_member, seconds
+
+
+def decoding_cost(cache) -> dict | None:
+    """What a setting cutting its cache while decoding (``Method.decodes``) did, once it has decoded: the cuts
+    (of every layer), their time, and the KV it holds at the end (read after ``sync``); None for another."""
+    state = state_of(cache)
+    if state is None or state.cfg is None or not state.cfg.decodes:
+        return None
+    held = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+               for layer in cache.layers)
+    return {"decode_cuts": state.decoding_cuts, "decode_cut_s": round(state.decoding_seconds.total(), 6),
+            "final_kv_bytes": held}
 
 
 def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits, mask: torch.Tensor | None = None,
@@ -92,10 +108,14 @@ def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits,
             if step < limits.min_new_tokens and stop:
                 logits[:, list(stop)] = float("-inf")
             picks = logits.argmax(dim=-1)
+            kept = 0
             for row, token in zip(alive, picks.tolist()):
                 if not done[row]:
                     tokens[row].append(token)
+                    kept += 1
                     done[row] = token in stop or step == limits.max_new_tokens - 1
+            if limits.progress is not None:
+                limits.progress(kept)
             newly = [k for k in range(groups) if not finished[k] and all(done[k * rows:(k + 1) * rows])]
             for k in newly:
                 finished[k] = True

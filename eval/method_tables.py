@@ -44,17 +44,21 @@ def library_table() -> str:
 
 
 def leaderboard_table() -> str:
-    """Every kvpress registry entry a method declares: its board, its option here, its parity with kvpress."""
+    """Every kvpress registry entry a method declares: its board (none for an entry that declares no board:
+    ThinK's, whose size is not the board's ratio), its option here, its parity with kvpress."""
     from snapkv.registry import PLACEMENTS, kvpress_entries
     rows = ["| kvpress registry entry | board | here | checked against kvpress |", "|---|---|---|---|"]
-    for placement in PLACEMENTS:
-        for option, (method, press, fields) in kvpress_entries(placement).items():
+    boards = [(placement, kvpress_entries(placement)) for placement in PLACEMENTS]
+    on_a_board = {option for _, entries in boards for option in entries}
+    boards.append((None, {option: entry for option, entry in kvpress_entries().items() if option not in on_a_board}))
+    for placement, entries in boards:
+        for option, (method, press, fields) in entries.items():
             declared = next(entry for cls in snapkv.METHODS.values() for name, entry in cls.kvpress_entries.items()
                             if name == press and entry.get("method", cls.method) == method)
             setting = ", ".join(f"{k}={v}" for k, v in fields.items())
             here = f"`compressor={option}`" + (f" ({setting})" if setting else "")
             parity = "—" if not snapkv.METHODS[method]().compresses else declared.get("parity", EQUAL)
-            board = "query-agnostic" if placement == "agnostic" else "query-aware"
+            board = {"agnostic": "query-agnostic", "aware": "query-aware", None: "—"}[placement]
             rows.append(f"| `{press}` | {board} | {here} | {_cell(parity)} |")
     return "\n".join(rows)
 

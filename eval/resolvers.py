@@ -3,12 +3,16 @@
 - ``${budget_unless_ratio:${.ratio},1024}``: a compressor's default budget, null once a ratio is set,
   so ``compressor.ratio=0.5`` alone is a complete setting (setting both is refused by the method);
 - ``${size_tag:${.budget},${.ratio}}``: ``b1024`` or ``r0.5``, the size part of a run tag;
+- ``${decoding_tag:...}``: ``""`` or ``-dt512-di128-db256``, the run tag's part for compression while decoding
+  (``snapkv.method.decoding_tag``);
 - ``${query_suffix:${query_aware}}``: ``""`` or ``-query-agnostic``, the folder suffix of runs whose
   question is appended after compression.
 """
 from __future__ import annotations
 
 from omegaconf import OmegaConf
+
+from snapkv.method import decoding_tag
 
 
 def budget_unless_ratio(ratio, default):
@@ -24,6 +28,6 @@ def query_suffix(query_aware) -> str:
 
 
 for _name, _fn in (("budget_unless_ratio", budget_unless_ratio), ("size_tag", size_tag),
-                   ("query_suffix", query_suffix)):
+                   ("query_suffix", query_suffix), ("decoding_tag", decoding_tag)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)

@@ -208,6 +208,7 @@ class Generation:
     prefill_settings: int = 1    # the settings that shared the prefill
     full_kv_bytes: int = 0       # what the uncompressed cache of the same prompt holds
     decode_rows: int = 1         # the rows of the batch it decoded in (``decode_s`` is that batch's)
+    decoding: dict | None = None  # a setting cutting while decoding: eval.decoding.decoding_cost
 
     @property
     def decode_s_per_token(self) -> float:
@@ -222,7 +223,14 @@ class Generation:
                 "decode_tokens": len(self.tokens), "decode_rows": self.decode_rows}
         if "masked_kv_bytes" in self.storage_bytes:  # head-adaptive: what kvpress's masked cache holds
             cost["masked_kv_bytes"] = self.storage_bytes["masked_kv_bytes"]
+        if self.decoding:
+            cost.update(self.decoding)
         return cost
+
+
+def per_row(decoding: dict | None, rows: int) -> dict | None:
+    """One row's share of a padded batch's decoding cost (its KV bytes divided as ``kv_cache_bytes`` is)."""
+    return None if decoding is None else {**decoding, "final_kv_bytes": decoding["final_kv_bytes"] // rows}
 
 
 @dataclass
@@ -264,8 +272,10 @@ def kv_bytes_per_token(model) -> int:
 
 
 def kv_cache_bytes(cache) -> int:
-    """Bytes of keys and values a cache holds (a head-adaptive layer's buffers: each head's own slots)."""
-    return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
+    """Bytes of keys and values a cache holds (a head-adaptive layer's buffers: each head's own slots; a layer
+    storing fewer key channels, ``stored_bytes``: its keys' kept channels, values and channel index)."""
+    return sum(layer.stored_bytes() if hasattr(layer, "stored_bytes") else
+               layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
                if getattr(layer, "keys", None) is not None)
 
 
@@ -383,6 +393,7 @@ class Runner:
             for batch, tokens, decode_s in decode(self.model, members, batches, limits):
                 for i, member_rows in zip(batch, tokens):
                     results[i] = generation(i, member_rows[0], decode_s, len(batch))
+                    results[i].decoding = members[i].after
         return results
 
     def _decode_copies(self, cache, logits, limits: Limits, repeats: int):
@@ -410,18 +421,24 @@ class Runner:
         longest cache (every row is padded to it), so ``full`` beside small budgets may decode alone.
         Where each member reads only its own slots (``snapkv.merge.reads_own_slots``: sdpa) a batch
         reads no padding, and every cache of one layout decodes in one batch."""
+        from snapkv.cache_state import state_of
         from snapkv.merge import layout, reads_own_slots
         groups: dict = {}
+        alone = []  # a setting cutting its cache while decoding decodes on its own
         for i, cache in enumerate(caches):
-            groups.setdefault(layout(cache), []).append(i)
-        if reads_own_slots(self.model, caches):
-            return list(groups.values())
+            state = state_of(cache)
+            if state is not None and state.cfg is not None and state.cfg.decodes:
+                alone.append([i])
+            else:
+                groups.setdefault(layout(cache), []).append(i)
+        if reads_own_slots(self.model, [caches[i] for members in groups.values() for i in members]):
+            return list(groups.values()) + alone
         batches = []
         for members in groups.values():
             members.sort(key=lambda i: kv_cache_bytes(caches[i]))
             sizes = [kv_cache_bytes(caches[i]) for i in members]
             batches.extend([members[a:b] for a, b in cheapest_cuts(sizes, self.weight_bytes)])
-        return batches
+        return batches + alone
 
     @torch.inference_mode()
     def generate_items(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids=(),
@@ -474,7 +491,7 @@ class Runner:
                     m = owners[k]
                     results[m.row][m.setting] = Generation(member_rows[0], len(prompts[m.row]), prefill_s, decode_s,
                                                            m.lengths, m.kv_bytes, m.storage, **m.timing,
-                                                           decode_rows=len(batch))
+                                                           decode_rows=len(batch), decoding=members[k].after)
         return results
 
     def _items_padded(self, prompts: list[list[int]], compressors: list, limits: Limits, together: bool,
@@ -510,5 +527,6 @@ class Runner:
                         results[row][i] = Generation(member_rows[row], len(prompts[row]), pre.seconds, decode_s,
                                                      pre.lengths[i], kv_bytes[i], **pre.timing(i),
                                                      full_kv_bytes=self.token_kv_bytes * len(contexts[row]),
-                                                     decode_rows=len(batch) * rows)
+                                                     decode_rows=len(batch) * rows,
+                                                     decoding=per_row(members[i].after, rows))
         return results

@@ -144,6 +144,18 @@ class RulerSection:
 
 
 @dataclass
+class MathSection:
+    dataset: str = one_of("aime25", "eval.math.data:DATASETS")
+    data: Optional[str] = None
+    revision: str = "main"
+    limit: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    chat_format: Optional[str] = one_of(None, "eval.chat:CHAT_FORMATS", allow_null=True)
+    enable_thinking: bool = False
+    retry_oom: bool = False
+
+
+@dataclass
 class ObserveSection:
     data: str = MISSING
     response: str = one_of("reference", "eval.observe:RESPONSES")
@@ -189,6 +201,18 @@ class BenchBatchingSection:
 
 
 @dataclass
+class BenchLongGenerationSection:
+    enabled: bool = False
+    prompt_tokens: int = 64
+    decode_tokens: int = 4096
+    span: int = 512
+    methods: List[str] = field(default_factory=lambda: ["knorm", "streamingllm", "tova"])
+    target: int = 512
+    interval: int = 128
+    buffer: int = 256
+
+
+@dataclass
 class BenchSection:
     lengths: List[int] = field(default_factory=lambda: [1024, 4096])
     budgets: List[int] = field(default_factory=lambda: [1024])
@@ -210,6 +234,7 @@ class BenchSection:
     plan_lengths: List[int] = field(default_factory=lambda: [16384, 33000, 131072, 380000])
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
     batching: BenchBatchingSection = field(default_factory=BenchBatchingSection)
+    long_generation: BenchLongGenerationSection = field(default_factory=BenchLongGenerationSection)
 
 
 @dataclass
@@ -220,8 +245,8 @@ class ReportSection:
 
 
 SECTIONS = {"model": ModelSection, "longbench": LongBenchSection, "longbench_v2": LongBenchV2Section,
-            "needle": NeedleSection, "lines": LinesSection, "ruler": RulerSection, "observe": ObserveSection,
-            "bench": BenchSection, "report": ReportSection}
+            "needle": NeedleSection, "lines": LinesSection, "ruler": RulerSection, "math": MathSection,
+            "observe": ObserveSection, "bench": BenchSection, "report": ReportSection}
 
 
 def _choices(ref: str):

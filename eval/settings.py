@@ -32,7 +32,7 @@ RESUME_MODES = ("auto", "restart")
 
 # The sections of the tasks; a config holds the others' too (an experiment sets several), and only
 # the running task's section counts.
-TASK_SECTIONS = ("longbench", "longbench_v2", "ruler", "needle", "lines", "observe", "bench", "report")
+TASK_SECTIONS = ("longbench", "longbench_v2", "ruler", "math", "needle", "lines", "observe", "bench", "report")
 _GRID = ("lengths", "grid", "min_length", "max_length", "num_lengths", "depths", "num_depths")
 
 # Fields that cannot change an output, by section ("": the top level).
@@ -53,6 +53,8 @@ HARMLESS = {
     "ruler": ("tasks", "lengths", "samples", "export", "retry_oom"),
     # cot picks the prediction file (pred/0shot.jsonl or pred/0shot_cot.jsonl), like longbench.datasets
     "longbench_v2": ("limit", "retry_oom", "cot"),
+    # problem i is row i of the data (whose digest counts), whatever the limit
+    "math": ("limit", "retry_oom"),
     # cells are keyed by (length, depth) and do not depend on each other, so a grid can be extended
     "needle": _GRID + ("skip_after_oom", "retry_oom", "retry_failed", "dry_run", "memory_gib",
                        "full_kv_frontier"),  # the heatmap's dashed line
@@ -69,6 +71,7 @@ HARMLESS = {
 DERIVED = {
     "longbench": ("data_dir", "revision"),              # longbench.data_source
     "longbench_v2": ("data_file", "revision"),          # longbench_v2.data_source
+    "math": ("data", "revision"),                       # math.data_source and math.data_sha256
     "needle": ("needle", "answer", "extra_needles"),    # needle.needles
     "bench": ("memory_gib", "frontier_min", "frontier_resolution"),  # added by bench with frontier=true
 }

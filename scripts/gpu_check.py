@@ -56,7 +56,7 @@ from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 GIB = 2**30
 # Seconds per section in the full mode (the smoke mode gives each a quarter of these).
 BUDGETS_S = {"environment": 20, "exactness": 70, "speed": 60, "memory": 120, "long_context": 140,
-             "shared_prefill": 50, "head_adaptive": 40, "items": 90}
+             "shared_prefill": 50, "head_adaptive": 40, "items": 90, "long_generation": 240}
 TABLE1 = [snapkv.FullKV(), snapkv.SnapKV(budget=1024), snapkv.SnapKV(budget=2048),
           snapkv.SnapKV(budget=4096), snapkv.H2O(budget=4096)]
 
@@ -626,9 +626,25 @@ def section_items(mode: Mode, clock: Clock) -> dict:
                                       "answers_equal", "token_agreement")}}
 
 
+def section_long_generation(mode: Mode, clock: Clock) -> dict:
+    """Compression while decoding (docs/decoding.md): a 64-token prompt and 4,096 tokens written on the LWM-7B
+    shape, full KV against cuts to 512 tokens every 128 (Knorm, StreamingLLM, TOVA): ms/token over the first and
+    the last 512 tokens, KV at the end, the peak above the weights and the planner's error."""
+    from types import SimpleNamespace
+
+    from eval.bench.long_generation import measure_long_generation
+    model = lwm_model(mode)
+    node = SimpleNamespace(prompt_tokens=64, decode_tokens=256 if mode.smoke else 4096, span=64 if mode.smoke else 512,
+                           methods=["knorm", "streamingllm", "tova"], target=64 if mode.smoke else 512,
+                           interval=32 if mode.smoke else 128, buffer=32 if mode.smoke else 256)
+    result = measure_long_generation(model, node, str(mode.dtype).removeprefix("torch."))
+    return {"model": f"random LWM-7B shape, {mode.dtype}", **result}
+
+
 SECTIONS = {"environment": section_environment, "exactness": section_exactness, "speed": section_speed,
             "memory": section_memory, "long_context": section_long_context, "shared_prefill": section_shared_prefill,
-            "head_adaptive": section_head_adaptive, "items": section_items}
+            "head_adaptive": section_head_adaptive, "items": section_items,
+            "long_generation": section_long_generation}
 
 
 # -- report ------------------------------------------------------------------------------------

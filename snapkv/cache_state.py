@@ -54,6 +54,11 @@ class CacheState:
     row_pads: torch.Tensor | None = None  # per row, the padding before its prompt (left-padded batches)
     prompt_ids: torch.Tensor | None = None  # the prompt, for a method scoring after the prefill (KVzip)
     compression: Ledger = field(default_factory=Ledger)  # this setting's compression time (snapkv.timing)
+    decoding: dict = field(default_factory=dict)  # layer -> its DecodingBuffer (compression while decoding)
+    decoding_seconds: Ledger = field(default_factory=Ledger)  # the time its cuts while decoding took
+    decoding_cuts: int = 0              # cuts while decoding so far (of every layer)
+    cut_mask: torch.Tensor | None = None  # this pass's cuts while decoding: which kept slots are real
+    cut_in_pass: bool = False
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -122,6 +127,30 @@ class CacheState:
         positions = self.slot_positions(layer_idx, rows, heads, slots, kept.device)
         self.prompt_slots[layer_idx] = positions.gather(-1, kept.to(torch.int64))
         self.prompt_length = self.consumed
+
+    def record_decoding_cut(self, layer_idx: int, kept: torch.Tensor, slots: int, target: int) -> None:
+        """A layer of ``slots`` slots was cut while decoding to ``kept``: its positions, its length, and the
+        padding it keeps (applied once the pass's every layer has been cut, ``finish_decoding_cuts``)."""
+        self.record_slots(layer_idx, kept, slots)
+        self.record_layer(layer_idx, kept.shape[-1])
+        self.decoding_cuts += 1
+        self.cut_in_pass = True
+        if self.pad_mask is not None and self.pad_mask.shape[-1] == slots:
+            mask = self.pad_mask.gather(1, kept[:, 0])
+            if self.cut_mask is not None and not torch.equal(self.cut_mask, mask):
+                raise InputError(f"{self.cfg.method}: layers kept different padding while decoding; run batch size 1")
+            self.cut_mask = mask
+
+    def finish_decoding_cuts(self, cache) -> None:
+        """After a pass whose layers were cut while decoding: the cache decodes as a compressed one from now on
+        (positions given explicitly, its kept padding masked)."""
+        if not self.cut_in_pass:
+            return
+        self.cut_in_pass = False
+        mask, self.cut_mask = self.cut_mask, None
+        self.kept_mask = None if mask is None or bool(mask.all()) else mask
+        self.pad_mask = self.kept_mask
+        self.mark_compressed(cache)
 
     def mark_compressed(self, cache) -> None:
         if not self.compressed:

@@ -40,6 +40,8 @@ from transformers.cache_utils import DynamicCache
 
 from .architectures import check_supported, decoder_layers, window_queries
 from .cache_state import CacheState, set_state, state_of
+from .channels import KeyChannelLayer
+from .decoding_cuts import DecodingBuffer, check_buffer, due, gather_slots, in_score_order, ranked_slots
 from .errors import InputError
 from .method import Method
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
@@ -68,6 +70,8 @@ class LayerContext:
     reads: set = field(default_factory=set)        # keys the setting compressed now has read
     weights: torch.Tensor | None = None            # the module's own attention weights (eager), for a method
     #                                                asking (``Method.needs_attention_weights``)
+    decoding: object = None                        # the setting cutting the cache while decoding (its buffer of
+    #                                                decoded tokens is ``hidden_states``)
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -81,6 +85,8 @@ class LayerContext:
         return self.memo[key]
 
     def queries(self, n: int) -> torch.Tensor:
+        if self.decoding is not None:
+            check_buffer(self.decoding, self.hidden_states.shape[1], n)
         return self.shared(("queries", n), lambda: self._queries(n))
 
     def _queries(self, n: int) -> torch.Tensor:
@@ -334,6 +340,7 @@ class CompressionSession:
         waiting = [(c, s) for c, s in [(cache, state), *state.siblings]
                    if s.in_prefill and s.cfg.scores_after_prefill and s.prompt_ids is not None]
         state.end_pass()
+        state.finish_decoding_cuts(cache)
         if waiting:
             self._cut_after_prefill(waiting)
 
@@ -400,13 +407,20 @@ class CompressionSession:
             return None
         module.num_key_value_groups = kv_groups_for(cache.layers[module.layer_idx], self._groups[module])
         state = state_of(cache)
-        if state is None or not state.compressed or state.in_prefill:
+        if state is None or not state.compressed:
             return None
         layer = cache.layers[module.layer_idx]
-        if isinstance(layer, RaggedLayer):  # each head over its own slots, whatever the attention; undone after
+        own_layout = getattr(layer, "attends_itself", False)  # each head its own slots (snapkv.ragged), fewer key
+        if state.in_prefill:                                   # channels (snapkv.channels)
+            if own_layout:  # a later turn to compress (compress_later_turns): its keys cannot be scored with these
+                raise InputError(f"{state.cfg.method}: a cache whose layers store a layout of their own cannot "
+                                 "compress a later turn (compress_later_turns=False appends it as it is)")
+            return None
+        if own_layout:  # the layer's own attention, whatever the model's; undone after
             route_attention(module, HEADWISE_ATTENTION)
             kwargs["attention_mask"] = None
             kwargs["snapkv_layer"], kwargs["snapkv_kernel"] = layer, self._attention
+            kwargs["snapkv_visible"] = state.kept_mask  # the kept padding of a left-padded batch
             return args, kwargs
         if module.config._attn_implementation == "flash_attention_2":
             return None  # its causal masking aligns the new tokens to the end of each layer's keys
@@ -453,7 +467,11 @@ class CompressionSession:
             route_attention(module, self._attention)
         cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
-        if state is None or not state.in_prefill:
+        if state is None:
+            return None
+        if not state.in_prefill:
+            if state.cfg is not None and state.cfg.decodes:
+                self._decoding_pass(module, args, kwargs, cache, state)
             return None
         idx = module.layer_idx
         layer = cache.layers[idx]
@@ -480,13 +498,53 @@ class CompressionSession:
                 ledger.add(ctx.spans[key])
         return None
 
+    def _decoding_pass(self, module, args, kwargs, cache, state: CacheState) -> None:
+        """A pass after the prefill of a setting that cuts while decoding (``Method.decodes``,
+        ``snapkv.decoding_cuts``): buffer this layer's hidden states and, every ``decode_interval`` tokens, cut
+        the layer back to the setting's target by its own ``select``."""
+        cfg, idx = state.cfg, module.layer_idx
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        buffer = state.decoding.setdefault(idx, DecodingBuffer())
+        buffer.add(hidden, kwargs["position_embeddings"])
+        if due(cfg, buffer):
+            layer = cache.layers[idx]
+            length = layer.keys.shape[-2]
+            target = cfg.decoding_target(int(state.next_positions.max()))
+            if length > target:
+                clock = Clock(layer.keys.device)
+                started = clock.start()
+                self._cut_while_decoding(module, cache, state, buffer, target)
+                span = clock.stop(started)
+                state.decoding_seconds.add(span)
+            buffer.restart()
+        buffer.trim(cfg.decode_buffer)
+
+    def _cut_while_decoding(self, module, cache, state: CacheState, buffer: DecodingBuffer, target: int) -> None:
+        idx, layer = module.layer_idx, cache.layers[module.layer_idx]
+        length = layer.keys.shape[-2]
+        cut = state.cfg.for_decoding(target)
+        window = min(cut.recent_window(idx, len(self.layers), length), target)
+        hidden, position_embeddings = buffer.tokens()
+        real = state.pad_mask if state.pad_mask is not None and state.pad_mask.shape[-1] == length else None
+        ctx = LayerContext(module, hidden, position_embeddings, layer.keys, layer.values, real, idx, len(self.layers),
+                           rotary=self._rotary, decoding=state.cfg)
+        with torch.no_grad():
+            if cut.scores_positions:  # kvpress's order: the cache holds its slots as the scores rank them
+                kept = ranked_slots(cut.prompt_scores(ctx), target, real)
+            else:
+                kept, valid = cut.select(ctx, target, window)
+                if valid is not None:
+                    raise InputError(f"{state.cfg.method}: a head-adaptive cut while decoding is not supported")
+            layer.keys, layer.values = gather_slots(layer.keys, layer.values, kept)
+        state.record_decoding_cut(idx, kept, length, target)
+
     def _compress_layer(self, ctx: LayerContext, cache, state: CacheState) -> None:
         """Store ``ctx``'s layer, compressed by the cache's setting, as that cache's layer."""
         idx, keys, values = ctx.layer_idx, ctx.keys, ctx.values
         length = keys.shape[-2]
         cfg = state.cfg
         budget = cfg.layer_budget(idx, ctx.num_layers, length) if cfg.compresses else length
-        if length <= budget:
+        if length <= budget and not (cfg.compresses and cfg.stores_key_channels):
             if cache.layers[idx].keys is not keys:
                 cache.layers[idx] = filled_layer(keys, values)
             state.record_layer(idx, length)
@@ -498,12 +556,17 @@ class CompressionSession:
                              "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
             kept, valid = cfg.select(ctx, budget, window)
-        self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn])
+            if cfg.decodes and cfg.scores_positions and valid is None and ctx.pad_mask is None:
+                kept = in_score_order(cfg.prompt_scores(ctx), kept)  # as the cuts while decoding leave it
+            channels = cfg.key_channels(ctx)  # None: every key channel
+        self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn], channels)
 
     @staticmethod
-    def _store(cache, state: CacheState, idx: int, keys, values, kept, valid, budget: int, groups: int) -> None:
+    def _store(cache, state: CacheState, idx: int, keys, values, kept, valid, budget: int, groups: int,
+               channels=None) -> None:
         """Keep the positions ``kept`` (``valid``: which slots each head really keeps) of a layer holding
-        ``keys``/``values`` as that cache's layer, and record what was kept."""
+        ``keys``/``values`` as that cache's layer, and record what was kept; ``channels`` (``Method.key_channels``):
+        the key channels each KV head keeps (``snapkv.channels``), None: every one."""
         length, kv_heads = keys.shape[-2], keys.shape[1]
         if valid is not None:  # head-adaptive: each head's own slots, packed
             with torch.no_grad():
@@ -517,10 +580,17 @@ class CompressionSession:
                 if kept.shape[1] != kv_heads:  # gqa="repeat": one selection per query head
                     keys = keys.repeat_interleave(groups, dim=1)
                     values = values.repeat_interleave(groups, dim=1)
-                gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
-                new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
+                if kept.shape[-1] == length:  # every position (kept ascending): nothing to gather
+                    new_keys, new_values = keys, values
+                else:
+                    gather = kept[..., None].expand(-1, -1, -1, keys.shape[-1])
+                    new_keys, new_values = keys.gather(2, gather), values.gather(2, gather)
+                if channels is not None:  # fewer key channels: only those of the prompt's keys are stored
+                    new_layer = KeyChannelLayer(new_keys, new_values, channels)
             current = cache.layers[idx]
-            if kept.shape[1] != kv_heads:
+            if channels is not None:
+                cache.layers[idx] = new_layer
+            elif kept.shape[1] != kv_heads:
                 cache.layers[idx] = RepeatedKVLayer(new_keys, new_values, groups)
             elif isinstance(current, RepeatedKVLayer):  # a later turn of a gqa="repeat" cache
                 current.keys, current.values = new_keys, new_values

@@ -86,8 +86,18 @@ def softmax_bytes(nbytes: int) -> int:
     return nbytes + 4 + (nbytes if nbytes != 4 else 0)
 
 
-def kv_bytes(shape: Shape, tokens_per_layer: list[int], heads: int, batch: int, nbytes: int) -> int:
-    return sum(2 * batch * heads * t * shape.head_dim * nbytes for t in tokens_per_layer)
+def kv_bytes(shape: Shape, tokens_per_layer: list[int], heads: int, batch: int, nbytes: int,
+             key_channels: int | None = None) -> int:
+    """Keys and values of ``tokens_per_layer`` tokens per head, each key of ``key_channels`` channels (default
+    ``head_dim``; fewer where a method stores fewer key channels, ``Method.stored_key_channels``)."""
+    key_dim = shape.head_dim if key_channels is None else key_channels
+    return sum(batch * heads * t * (key_dim + shape.head_dim) * nbytes for t in tokens_per_layer)
+
+
+def channel_index_bytes(s: Shape, key_channels: int, batch: int) -> int:
+    """Per layer, the int64 index of the channels a layer storing fewer key channels keeps and drops
+    (``snapkv.channels``: ``head_dim`` indices per row and KV head); 0 where every channel is kept."""
+    return batch * s.kv_heads * s.head_dim * 8 if key_channels < s.head_dim else 0
 
 
 def repeated_kv_bytes(s: Shape, gqa: str, length: int, batch: int, nbytes: int) -> int:
@@ -130,7 +140,10 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     kept = [compressor.stored_tokens(i, s.layers, length, heads) if compresses else length
             for i in range(s.layers)]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)
-    after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n)
+    # the prompt's keys of a method storing fewer key channels (ThinK) keep only those, beside their index
+    key_dim = compressor.stored_key_channels(s.head_dim) if compresses else s.head_dim
+    index = channel_index_bytes(s, key_dim, batch)
+    after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n, key_dim) + s.layers * index
     rows = min(length, mlp_chunk) if mlp_chunk else length
     hidden = 3 * batch * length * s.hidden * n
     qkv = batch * length * (s.heads + 2 * s.kv_heads) * s.head_dim * n + batch * length * s.heads * s.head_dim * n
@@ -152,7 +165,7 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     # earlier layers plus the current one at full length.
     held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if not compresses \
         or compressor.scores_after_prefill else \
-        after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n) + one_layer_full
+        after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n, key_dim) - index + one_layer_full
     weights = s.parameters() * n
     appended = decode_tokens
     if compresses and compressor.head_adaptive and decode_tokens:  # ragged layers append into doubling room
@@ -162,12 +175,29 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
                                             batch, n)
     if appended != decode_tokens:  # the room's last doubling: one layer's old buffer beside its new one
         decode_cache += kv_bytes(s, [max(kept) + appended // 2], heads, batch, n)
+    if compresses and compressor.decodes and decode_tokens:
+        decode_cache = decoding_cache_bytes(s, compressor, kept, length, decode_tokens, heads, batch, n)
     prefill_peak = weights + held + transient
     decode_peak = weights + decode_cache + batch * s.vocab * 4 + 4 * batch * s.hidden * n
     return {"weights_bytes": weights, "kv_cache_bytes": after_prefill, "prefill_kv_held_bytes": held,
             "prefill_transient_bytes": transient, "prefill_peak_bytes": prefill_peak,
             "decode_peak_bytes": decode_peak, "peak_bytes": max(prefill_peak, decode_peak),
             "peak_above_weights_bytes": max(prefill_peak, decode_peak) - weights}
+
+
+def decoding_cache_bytes(s: Shape, compressor, kept: list[int], length: int, decode_tokens: int, heads: int,
+                         batch: int, n: int) -> int:
+    """The cache's largest size while a setting cutting while decoding (``Method.decodes``) writes
+    ``decode_tokens`` tokens: per layer, never more than its prompt's cache or the target, plus one interval
+    (``min(kept + tokens, max(kept, target) + interval)``), beside one layer's kept copy at a cut and every
+    layer's buffer of hidden states (the last ``decode_buffer`` tokens and the current one)."""
+    interval = compressor.decode_interval
+    target = compressor.decoding_target(length + decode_tokens)  # a ratio's target grows with the sequence
+    peaks = [min(k + decode_tokens, max(k, target) + interval) for k in kept]
+    held = kv_bytes(s, peaks, heads, batch, n)
+    copy = kv_bytes(s, [min(target, max(peaks))], heads, batch, n)
+    buffered = s.layers * batch * min(compressor.decode_buffer + 1, interval) * s.hidden * n
+    return held + copy + buffered
 
 
 def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_194_304, **kwargs) -> int:

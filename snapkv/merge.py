@@ -69,11 +69,13 @@ class GrowingLayer(DynamicLayer):
 
 def layout(cache) -> tuple:
     """Per layer, the heads it holds: caches merge only with caches of the same layout (a
-    ``gqa="repeat"`` layer holds one KV head per query head). A head-adaptive cache is a layout of its
-    own: it decodes alone."""
+    ``gqa="repeat"`` layer holds one KV head per query head). A head-adaptive cache, or one storing fewer key
+    channels (``snapkv.channels``), is a layout of its own: it decodes alone."""
     state = state_of(cache)
     if state is not None and state.head_adaptive:
         return ("head-adaptive", id(cache))
+    if any(getattr(layer, "attends_itself", False) for layer in cache.layers):
+        return ("own layout", id(cache))
     return tuple((type(layer).__name__, layer.keys.shape[1]) for layer in cache.layers)
 
 
@@ -158,6 +160,9 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     if any(state.head_adaptive for state in states):
         raise InputError("caches: a head-adaptive cache (adakv, critical_adakv, kvzip) holds a different number of "
                          "positions per head and decodes alone; merge uniform caches only")
+    if any(getattr(layer, "attends_itself", False) for cache in caches for layer in cache.layers):
+        raise InputError("caches: a cache whose layers store fewer key channels (snapkv.channels) decodes alone; "
+                         "merge uniform caches only")
     if len({layout(cache) for cache in caches}) > 1:
         raise InputError("caches: the caches hold different heads per layer (gqa='repeat' and not); merge "
                          "caches of one layout (snapkv.merge.layout)")

@@ -20,8 +20,16 @@ attention weights           ``needs_attention_weights``: ``ctx.attention_weights
                             own softmax rows ``[b, H, q, L]``, as eager attention computes them (no)
 scoring after the prefill   ``scores_after_prefill``: ``replay_key()``, ``scores(replay, full, ids)``
                             once per key for every setting sharing it, then ``cut(scores)`` (none)
+scoring while decoding      ``decodes`` (set by ``decode_target``/``decode_ratio``): every ``decode_interval``
+                            decoded tokens each layer is cut back by ``select`` on a ``LayerContext`` of the
+                            cache's slots and the last decoded tokens' hidden states (kvpress's
+                            ``DecodingPress``); ``scores_while_decoding`` says a method can (yes, but a
+                            replay, the pass's attention weights or a head-adaptive cut)
 storage                     uniform layers, or each head its own slots when ``select`` gives ``valid``
                             (``snapkv.ragged``); ``stored_tokens`` tells the planner (budget)
+fewer key channels          ``stores_key_channels``: ``key_channels(ctx)``, the channels each KV head's prompt
+                            keys keep, stored alone (``snapkv.channels``) even where no token is cut;
+                            ``stored_key_channels`` tells the planner (every channel)
 memory                      ``compression_bytes``: the planner's term for the scoring (required)
 padded batches              ``pads_batches`` / ``takes_padded_batch`` (yes, unless a ratio)
 naming                      ``method``, ``display_name``, ``tag_parts``, ``label()``, and
@@ -30,6 +38,7 @@ naming                      ``method``, ``display_name``, ``tag_parts``, ``label
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -39,9 +48,13 @@ from .errors import InputError, check_choice, check_int
 from .select import always_kept, top_positions
 
 POOLINGS = ("maxpool", "avgpool", "none")
+# the fields of compression while decoding: in a run's tag only when set (``decoding_tag``)
+DECODING_FIELDS = ("decode_target", "decode_ratio", "decode_interval", "decode_buffer")
+DECODING_DEFAULTS = {"decode_interval": 512, "decode_buffer": 256}  # kvpress's DecodingPress defaults
 GQA_MODES = ("mean", "max", "repeat")
 
-__all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES"]
+__all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES", "DECODING_FIELDS",
+           "decoding_tag"]
 
 
 @dataclass
@@ -59,6 +72,14 @@ class Method:
     window: int = 32
     gqa: str = "mean"
     ratio: float | None = None
+    # compression while the model writes (kvpress's DecodingPress; docs/decoding.md): every
+    # ``decode_interval`` decoded tokens each layer is cut back to ``decode_target`` tokens per head, or to
+    # ``1 - decode_ratio`` of every token seen so far (kvpress's CompressionRatioDecodingPress), scored from
+    # the cache and the hidden states of the last ``decode_buffer`` decoded tokens (and the current one)
+    decode_target: int | None = None
+    decode_ratio: float | None = None
+    decode_interval: int | None = None  # None: kvpress's 512 once decoding cuts are set
+    decode_buffer: int | None = None    # None: kvpress's 256 once decoding cuts are set
 
     method: ClassVar[str] = ""
     display_name: ClassVar[str] = ""
@@ -84,6 +105,10 @@ class Method:
     # whether each row of a left-padded batch can be compressed as its prompt alone is (items in flight,
     # ``batch.prefill=padded``): per-layer budgets refuse padding, a replay takes one prompt
     pads_batches: ClassVar[bool] = True
+    # whether ``select`` can cut a cache while decoding (``decode_target``): the hooks give it the cache's slots
+    # as ``ctx.keys``/``ctx.values`` and the last decoded tokens' hidden states; a method needing a replay, the
+    # pass's attention weights or a head-adaptive cut cannot (``decodes`` refuses it)
+    scores_while_decoding: ClassVar[bool] = True
     # whether ``prompt_scores`` ranks prompt positions, so that a wrapper (AdaKV) can take it as its scorer
     scores_positions: ClassVar[bool] = False
     # the kvpress registry entries (``evaluation/evaluate_registry.py``) this method is: entry name ->
@@ -103,6 +128,73 @@ class Method:
 
     def __post_init__(self) -> None:
         self.validate()
+        self.check_decoding()
+
+    # compression while decoding (``decode_*`` fields; DECODING_FIELDS stay out of the tag template and the
+    # label unless set, so a setting without them keeps the name and folder it had before they existed)
+    @property
+    def decodes(self) -> bool:
+        """Whether this setting cuts the cache while the model writes."""
+        return self.decode_target is not None or self.decode_ratio is not None
+
+    def check_decoding(self) -> None:
+        if not self.decodes:
+            return
+        if self.decode_target is not None and self.decode_ratio is not None:
+            raise InputError(f"decode_target={self.decode_target} and decode_ratio={self.decode_ratio}: set at most "
+                             "one of the two")
+        if self.decode_target is not None:
+            check_int("decode_target", self.decode_target, 1)
+        elif isinstance(self.decode_ratio, bool) or not isinstance(self.decode_ratio, (int, float)) \
+                or not 0 <= self.decode_ratio < 1:
+            raise InputError(f"decode_ratio={self.decode_ratio!r} must be a number in [0, 1): the share of every "
+                             "token seen so far that is removed")
+        for name, default in DECODING_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        check_int("decode_interval", self.decode_interval, 1)
+        check_int("decode_buffer", self.decode_buffer, 0)
+        reason = self.cannot_decode()
+        if reason:
+            option = "decode_target" if self.decode_target is not None else "decode_ratio"
+            raise InputError(f"{option}: {self.method} cannot cut the cache while decoding ({reason}); methods that "
+                             "can: " + ", ".join(decoding_methods()))
+        if self.decode_target is not None:
+            try:
+                self.for_decoding(self.decode_target)
+            except InputError as error:
+                raise InputError(f"decode_target={self.decode_target}: as {self.method}'s budget while decoding, "
+                                 f"{error}") from None
+
+    def cannot_decode(self) -> str:
+        """Why this method cannot score while decoding ('' where it can)."""
+        if not self.compresses:
+            return "it keeps every token"
+        if self.scores_after_prefill:
+            return "its scores need a replay of the prompt"
+        if self.needs_attention_weights:
+            return "its scores need every query's attention weights"
+        if self.reads_every_query:
+            return "its scores need the query of every prompt position"
+        if self.head_adaptive:
+            return "a head-adaptive cut while decoding is not supported yet"
+        if self.gqa == "repeat":
+            return "gqa=repeat stores a cache per query head; use mean or max"
+        if not self.scores_while_decoding:
+            return "its scores are defined on a prompt only"
+        return ""
+
+    def decoding_target(self, tokens_seen: int) -> int:
+        """Tokens per head a cut while decoding keeps, ``tokens_seen`` tokens into the sequence (prompt and
+        generation): ``decode_target``, or kvpress's ``max(1, int(seen * (1 - decode_ratio)))``."""
+        if self.decode_target is not None:
+            return self.decode_target
+        return max(1, int(tokens_seen * (1 - self.decode_ratio)))
+
+    def for_decoding(self, target: int) -> "Method":
+        """This method with ``target`` as its budget: what ``select`` and ``recent_window`` read during a cut
+        while decoding (StreamingLLM's recent tokens, SnapKV's window all follow from the budget)."""
+        return dataclasses.replace(self, budget=target, ratio=None, decode_target=None, decode_ratio=None)
 
     def validate(self) -> None:
         check_int("window", self.window, 1)
@@ -146,6 +238,20 @@ class Method:
         """Slots per head a layer stores (for the memory planner): its budget. A head-adaptive layer
         stores each head's own slots packed (``snapkv.ragged``), ``heads x`` the average per head."""
         return min(length, self.layer_budget(layer_idx, num_layers, length))
+
+    # storage with fewer key channels (ThinK): the hooks store a layer of such a method even where no token is cut
+    stores_key_channels: ClassVar[bool] = False
+
+    def key_channels(self, ctx) -> "torch.Tensor | None":
+        """The key channels each KV head's prompt keys keep, ``[batch, kv_heads, d_kept]`` ascending, from
+        ``ctx`` after the layer's prefill attention (``stores_key_channels``): the layer then stores only those
+        channels of its prompt's keys (``snapkv.channels.KeyChannelLayer``; attention over them equals attention
+        over keys whose other channels are zero). None: every channel (the default)."""
+        return None
+
+    def stored_key_channels(self, head_dim: int) -> int:
+        """Channels a prompt key keeps per KV head, for the memory planner (every one by default)."""
+        return head_dim
 
     def select(self, ctx, budget: int, window: int):
         """The prompt positions each head keeps, ``(kept, valid)``: ``kept`` ``[batch, heads, n]``
@@ -201,8 +307,12 @@ class Method:
         if not self.compresses:
             return name
         changed = [f"{f.name} {getattr(self, f.name)}" for f in fields(self)
-                   if f.name not in ("budget", "ratio", *self.derived) and getattr(self, f.name) != f.default]
+                   if f.name not in ("budget", "ratio", *self.derived, *DECODING_FIELDS)
+                   and getattr(self, f.name) != f.default]
         size = f"{self.budget}" if self.ratio is None else f"ratio {self.ratio:g}"
+        if self.decodes:
+            kept = self.decode_target if self.decode_target is not None else f"ratio {self.decode_ratio:g}"
+            changed.append(f"decoding {kept} every {self.decode_interval}")
         return f"{name} {size}" + (f" ({', '.join(changed)})" if changed else "")
 
     @classmethod
@@ -210,10 +320,28 @@ class Method:
         """Every field's part of the run tag, ``tag_parts`` first (``("w{window}", "k{kernel}", ...)``)."""
         named = "".join(cls.tag_parts)
         rest = tuple(f"{f.name}{{{f.name}}}" for f in fields(cls)
-                     if f.name not in ("budget", "ratio", *cls.derived, *cls.untagged) and f"{{{f.name}}}" not in named)
+                     if f.name not in ("budget", "ratio", *cls.derived, *cls.untagged, *DECODING_FIELDS)
+                     and f"{{{f.name}}}" not in named)
         return tuple(cls.tag_parts) + rest
 
     def describe(self) -> dict:
         out = {"method": self.method}
         out.update({f.name: getattr(self, f.name) for f in fields(self)})
         return out
+
+
+def decoding_tag(target, ratio, interval, buffer) -> str:
+    """The run tag's part for compression while decoding: ``""`` when off, else ``-dt512-di128-db256`` (target)
+    or ``-dr0.5-di128-db256`` (ratio)."""
+    if target is None and ratio is None:
+        return ""
+    interval = DECODING_DEFAULTS["decode_interval"] if interval is None else interval
+    buffer = DECODING_DEFAULTS["decode_buffer"] if buffer is None else buffer
+    size = f"dt{target}" if target is not None else f"dr{ratio:g}" if isinstance(ratio, (int, float)) else f"dr{ratio}"
+    return f"-{size}-di{interval}-db{buffer}"
+
+
+def decoding_methods() -> list[str]:
+    """The registered methods that can cut a cache while decoding."""
+    from .registry import METHODS  # the registry imports no method; at call time it holds them all
+    return sorted(name for name, cls in METHODS.items() if not cls().cannot_decode())

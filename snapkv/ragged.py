@@ -72,7 +72,8 @@ class RaggedLayer(DynamicLayer):
     """One layer of a head-adaptive cache: per row, each KV head's kept prompt slots and the tokens
     appended since, in a segment of its own. See the module's docstring."""
 
-    snapkv_layer = True  # a layer the compression hooks accept in a cache
+    snapkv_layer = True    # a layer the compression hooks accept in a cache
+    attends_itself = True  # the hooks route its attention to ``headwise_attention``
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: torch.Tensor, positions: torch.Tensor):
         super().__init__()
@@ -169,14 +170,20 @@ class RaggedLayer(DynamicLayer):
 
 
 def headwise_attention(module, query, key, value, attention_mask, snapkv_layer: RaggedLayer = None,
-                       snapkv_kernel: str = "sdpa", scaling: float | None = None, dropout: float = 0.0, **kwargs):
-    """Attention of ``query`` ``[rows, heads, q, d]`` over a ``RaggedLayer`` (``key``/``value`` are its
-    buffers): each query head over its KV head's segment, the pass's own ``q`` tokens (its last) causal
-    among themselves. ``snapkv_kernel``: the model's attention ("eager": its arithmetic; else sdpa).
-    Returns ``([rows, q, heads, d], None)`` as transformers' attention functions do."""
+                       snapkv_kernel: str = "sdpa", scaling: float | None = None, dropout: float = 0.0,
+                       snapkv_visible: torch.Tensor | None = None, **kwargs):
+    """Attention of ``query`` ``[rows, heads, q, d]`` over a cache layer of a layout of its own (the hooks route
+    every layer with ``attends_itself`` here). A ``RaggedLayer`` (``key``/``value`` are its buffers): each query
+    head over its KV head's segment, the pass's own ``q`` tokens (its last) causal among themselves;
+    ``snapkv_kernel``: the model's attention ("eager": its arithmetic; else sdpa). Another layout attends as it
+    stores (``layer.attend(query, scale, visible)``: ``snapkv.channels``; ``snapkv_visible``: the real slots of
+    a left-padded batch's kept padding). Returns ``([rows, q, heads, d], None)`` as transformers' attention
+    functions do."""
     layer = snapkv_layer
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if folds(query):
+    if not isinstance(layer, RaggedLayer):
+        out = layer.attend(query, scale, snapkv_visible)
+    elif folds(query):
         out = folded_attention(layer, query, scale)
     else:
         out = segment_attention(layer, query, scale, snapkv_kernel == "eager")
@@ -235,13 +242,17 @@ def folded_attention(layer: RaggedLayer, query: torch.Tensor, scale: float) -> t
 
 
 def storage_alternatives(cache, prompt_length: int) -> dict:
-    """For a cache with ragged layers, the bytes of keys and values its head-adaptive layers would hold
-    padded to their longest head and masked as kvpress keeps them (its other layers as they are); empty
-    for a cache without."""
-    ragged = [layer for layer in cache.layers if isinstance(layer, RaggedLayer)]
-    if not ragged:
+    """For a cache with layers of a layout of their own (``masked_bytes``: ragged, fewer key channels), the bytes
+    of keys and values those layers would hold masked as kvpress keeps them (every key whole: the evicted ones
+    masked, the pruned channels zeroed) and, for ragged layers, padded to their longest head (the cache's other
+    layers as they are); empty for a cache without."""
+    own = [layer for layer in cache.layers if hasattr(layer, "masked_bytes")]
+    if not own:
         return {}
     other = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
-                if not isinstance(layer, RaggedLayer) and getattr(layer, "keys", None) is not None)
-    return {"padded_kv_bytes": other + sum(layer.padded_bytes() for layer in ragged),
-            "masked_kv_bytes": other + sum(layer.masked_bytes(prompt_length) for layer in ragged)}
+                if not hasattr(layer, "masked_bytes") and getattr(layer, "keys", None) is not None)
+    out = {}
+    if all(isinstance(layer, RaggedLayer) for layer in own):
+        out["padded_kv_bytes"] = other + sum(layer.padded_bytes() for layer in own)
+    out["masked_kv_bytes"] = other + sum(layer.masked_bytes(prompt_length) for layer in own)
+    return out

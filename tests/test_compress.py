@@ -83,6 +83,8 @@ def test_prompt_shorter_than_budget_is_untouched():
 def test_budget_at_least_length_gives_full_kv_logits(method):
     model = tiny_model("llama-gqa")
     cfg = METHODS[method]
+    if cfg.stores_key_channels:  # every token kept, fewer key channels: tests/test_think.py
+        pytest.skip("keeps every token but not every key channel")
     shortest = min(cfg.layer_budget(i, 3, 10**6) for i in range(3)) if cfg.compresses else 64
     if cfg.scores_after_prefill:  # nothing is cut during KVzip's prefill: its budget is its average
         shortest = cfg.budget

@@ -15,7 +15,8 @@ SETTINGS = [cfg for cfg in with_every_method([
     snapkv.PyramidKV(budget=48, window=8, kernel=5),
     snapkv.H2O(budget=40, window=8),
     snapkv.StreamingLLM(budget=56, sink_tokens=4),
-], distinct_from=72, step=20) if not cfg.head_adaptive]  # lengths of their own: every setting's cache differs
+], distinct_from=72, step=20) if not cfg.head_adaptive and not cfg.stores_key_channels]
+# (lengths of their own: every setting's cache differs; head-adaptive caches and fewer key channels decode alone)
 PROMPT = max(cfg.budget or 0 for cfg in SETTINGS) + 40  # longer than every budget: every setting cuts
 HEAD_ADAPTIVE = [snapkv.AdaKV(budget=48, window=8), snapkv.CriticalAdaKV(budget=56, window=8)]
 FORCED = [5, 17, 99, 3, 42, 7]

@@ -1,7 +1,9 @@
 """Every leaderboard method keeps what kvpress 0.5.5's press keeps, on cases kvpress itself wrote
 (``tests/fixtures/kvpress``: its README gives the commands): per (layer, KV head), the set of kept prompt
 positions, and the 8 greedy tokens decoded from the compressed cache (AdaKV's: kvpress masks what it
-evicts, we store only what is kept). All settings of a model share one prefill here.
+evicts, we store only what is kept); for a case recording ``channels`` (ThinK), the set of key channels each
+(layer, KV head) keeps (kvpress zeroes the others, we store only the kept ones). All settings of a model share
+one prefill here.
 
 ``cases.json.gz`` holds the first entries; each entry added since has its own file,
 ``entries/<name>.json.gz``, written by ``entries/write_<name>.py``, whose cases carry our setting
@@ -40,10 +42,20 @@ def setting(case) -> snapkv.Method:
     return snapkv.build_config(method, budget=None, ratio=case["ratio"], **fields)
 
 
-def kvpress_kept(case) -> np.ndarray:
-    shape = case["shape"]
-    bits = np.unpackbits(np.frombuffer(base64.b64decode(case["kept"]), np.uint8))[:int(np.prod(shape))]
+def kvpress_kept(case, field: str = "kept", shape_field: str = "shape") -> np.ndarray:
+    shape = case[shape_field]
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(case[field]), np.uint8))[:int(np.prod(shape))]
     return bits.reshape(shape).astype(bool)
+
+
+def our_channels(cache, shape) -> np.ndarray:
+    """``[layers, KV heads, head_dim]``: the key channels each head of the first row keeps."""
+    from snapkv.channels import kept_channels
+    kept = np.zeros(shape, dtype=bool)
+    for layer, rows in enumerate(kept_channels(cache)):
+        for head, channels in enumerate(rows[0]):
+            kept[layer, head, channels.numpy()] = True
+    return kept
 
 
 def our_kept(cache, shape) -> np.ndarray:
@@ -76,6 +88,10 @@ def run_cases(model, record):
             for _ in range(len(case["tokens"]) - 1):
                 tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache).logits[0, -1].argmax()))
             equal_heads = int((got == want).all(axis=-1).sum())
+            if "channels" in case:  # fewer key channels (ThinK): a head is equal when its channels are too
+                channels = kvpress_kept(case, "channels", "channel_shape")
+                equal_heads = int(((got == want).all(axis=-1) &
+                                   (our_channels(cache, channels.shape) == channels).all(axis=-1)).sum())
             outcomes.append((case, got, want, equal_heads, tokens))
     return outcomes
 

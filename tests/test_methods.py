@@ -13,6 +13,7 @@ import snapkv
 from conftest import compose
 from method_settings import COMPRESSING, REGISTERED, small
 from snapkv.memory import Shape, plan
+from snapkv.method import DECODING_FIELDS
 
 METHODS_DIR = Path(snapkv.__file__).parent / "methods"
 TINY = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -84,15 +85,23 @@ def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
                "lag_size": 64, "cross_scoring": True, "num_sinks": 8, "leverage_type": "kv_avg",
                "use_random_leverage": True, "use_local_approximation": False, "local_window_size": 32,
                "sink_size_start": 16, "sink_size_end": 8, "sketch_dimension": 32, "blending": 0.5,
-               "chunk_length": 10, "block_size": 64}  # ChunkKV, Block
+               "chunk_length": 10, "block_size": 64,  # ChunkKV, Block
+               "key_channel_ratio": 0.25}  # ThinK
     alternatives = {"pooling": "maxpool"}  # where a method's default is the value above
     for f in dataclasses.fields(cls):
-        if f.name in ("ratio", *cls.derived, *cls.untagged):
+        if f.name in ("ratio", *cls.derived, *cls.untagged, *DECODING_FIELDS):
             continue
         assert f.name in changed, f"{method}.{f.name}: give this test a second value for it"
         value = changed[f.name] if changed[f.name] != f.default else alternatives[f.name]
         assert option(method, f"compressor.{f.name}={value}")["tag"] != base["tag"], f.name
-    assert option(method, "compressor.ratio=0.5")["tag"] != base["tag"]
+    if "ratio" not in cls.derived:  # a method keeping every token (fewer key channels) takes no ratio
+        assert option(method, "compressor.ratio=0.5")["tag"] != base["tag"]
+    if not cls().cannot_decode():  # compression while decoding: each of its fields, once it is on
+        on = option(method, "compressor.decode_target=4096")["tag"]
+        assert on != base["tag"]
+        for name, value in (("decode_interval", 64), ("decode_buffer", 8)):
+            assert option(method, "compressor.decode_target=4096", f"compressor.{name}={value}")["tag"] != on, name
+        assert option(method, "compressor.decode_ratio=0.5")["tag"] not in (on, base["tag"])
 
 
 @pytest.mark.parametrize("method", REGISTERED)

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, compose
 from eval.sections import SECTIONS, _choices, check_sections
 
-TASKS = ["longbench", "longbench_v2", "needle", "lines", "ruler", "observe", "bench"]
+TASKS = ["longbench", "longbench_v2", "needle", "lines", "ruler", "math", "observe", "bench"]
 MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
 
 

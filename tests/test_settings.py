@@ -13,6 +13,7 @@ CONFIGS = [("longbench", [f"model={m}"]) for m in MODELS] + [
     ("longbench", ["experiment=demo", "compressor=pyramidkv"]),
     ("longbench_v2", ["model=tiny-llama"]),
     ("ruler", ["model=tiny-llama", "query_aware=false"]),
+    ("math", ["model=tiny-llama", "math.data=tests/fixtures/math/math500.jsonl", "math.dataset=math500"]),
     ("longbench_v2", ["longbench_v2.cot=true", "experiment=demo"]),
     ("needle", ["compressor=streamingllm"]),
     ("needle", ["experiment=paper_needle", "needle.haystack=noise"]),
@@ -34,6 +35,11 @@ def derived_settings(cfg) -> dict:
     if cfg.task == "needle":
         from eval.needle.__main__ import read_task, task_settings
         return task_settings(read_task(cfg))
+    if cfg.task == "math":
+        from eval.math.predict import MathTask
+        task = MathTask()
+        task.check(cfg)
+        return task.settings(cfg)
     if cfg.task == "lines":
         from eval.lines.__main__ import LinesGrid
         grid = LinesGrid()

@@ -177,12 +177,34 @@ def run_items(cfg: DictConfig) -> dict:
     return result
 
 
+def run_long_generation(cfg: DictConfig) -> dict:
+    """``bench.long_generation.enabled``: full cache against cuts while decoding (``eval.bench.long_generation``)."""
+    from ..hydra_app import make_compressor, save_run_metadata
+    from ..runner import load_model
+    from .long_generation import markdown as long_markdown, measure_long_generation, settings_of
+    node = cfg.bench.long_generation
+    settings_of(node)  # every setting valid before the model loads
+    out = output_dir(cfg)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor),
+                      {"bench.long_generation": OmegaConf.to_container(node)})
+    model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
+    result = measure_long_generation(model, node, str(cfg.model.get("dtype") or "float32"))
+    result.update(model=cfg.model.name, device=str(next(model.parameters()).device))
+    write_json_atomic(out / "long_generation.json", result)
+    title = f"Long generation: {cfg.model.name} on {result['device']}"
+    (out / "long_generation.md").write_text(long_markdown(result, title), encoding="utf-8")
+    print((out / "long_generation.md").read_text())
+    return result
+
+
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
     if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
         return run_sweep(cfg)
     if cfg.bench.get("batching") is not None and cfg.bench.batching.enabled:
         return run_items(cfg)
+    if cfg.bench.get("long_generation") is not None and cfg.bench.long_generation.enabled:
+        return run_long_generation(cfg)
     if cfg.bench.measure and not cfg.bench.frontier and int(cfg.bench.repeats) < 3:
         raise InputError(f"bench.repeats={cfg.bench.repeats}: timings are the median of at least 3 repeats")
     prefill_repeats = cfg.bench.get("prefill_repeats")

@@ -8,9 +8,10 @@ from omegaconf import DictConfig
 import snapkv
 
 from ..hydra_app import run_guarded, task_main
-from .collect import bench_runs, longbench_runs, needle_runs, observe_runs, ruler_runs
+from .collect import bench_runs, longbench_runs, math_runs, needle_runs, observe_runs, ruler_runs
 from .figures import bench_report, budget_curves, full_kv_frontiers, needle_report, observe_report
 from .leaderboard import write_leaderboard
+from .math_tables import write_math_tables
 from .ruler import write_ruler_tables
 from .table1 import write_tables
 from snapkv.errors import InputError
@@ -30,6 +31,7 @@ def run(cfg: DictConfig):
     written += write_ruler_tables(ruler, out)
     written += write_leaderboard(ruler, out)
     written += budget_curves(ruler, out, "ruler_budget_curve") if ruler else []
+    written += write_math_tables(math_runs(root), out)
     needles, benches = needle_runs(root), bench_runs(root)
     written += needle_report(needles, out, full_kv_frontiers(needles, benches))
     written += needle_report(needle_runs(root, "lines.jsonl"), out, kind="lines")

@@ -115,6 +115,22 @@ def ruler_runs(root: Path) -> list[dict]:
     return runs
 
 
+def math_runs(root: Path) -> list[dict]:
+    """AIME25 / MATH-500 runs (``eval.math``): their ``scores.json`` and cost."""
+    runs = []
+    for path in sorted(Path(root).rglob("scores.json")):
+        run = path.parent
+        cfg = _config(run)
+        if cfg.get("task") != "math":
+            continue
+        method, budget = setting_of(cfg.get("compressor", {}))
+        runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
+                     "compressor": cfg.get("compressor", {}), "query_aware": cfg.get("query_aware", True),
+                     "label": run_label(cfg), "name": run_name(root, run), "scores": json.loads(path.read_text()),
+                     "cost": run_cost(run)})
+    return runs
+
+
 # What a run cost: every prediction record carries ``cost`` (absent on older records and on out-of-memory
 # ones): prompt_tokens, kv_cache_bytes, full_kv_bytes, masked_kv_bytes (head-adaptive methods and KVzip:
 # what kvpress's masked cache holds), kept_tokens, prefill_s, prefill_settings, compress_s, decode_s,

@@ -51,6 +51,7 @@ class PyramidKV(WindowVoteMethod):
     beta: int = 20
     schedule: str = "kvcache_factory"
     pads_batches = False  # its layers' budgets differ: a padded batch is refused
+    scores_while_decoding = False  # its pyramid is a schedule over a prompt's layers; SnapKV cuts while decoding
 
     def validate(self) -> None:
         super().validate()

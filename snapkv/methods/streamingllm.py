@@ -28,6 +28,7 @@ class StreamingLLM(Method):
     budget_meaning = "sinks + most recent"
     deviations = "keys keep their original RoPE positions"
     tag_parts = ("s{sink_tokens}",)
+    scores_positions = True
     untagged = ("gqa",)  # sinks and recent tokens are the same for every head
     derived = ("window",)
     budget: int = 1024
@@ -63,6 +64,22 @@ class StreamingLLM(Method):
         rank = torch.arange(n, device=keys.device)[None, :] - first_real
         votes = ((rank >= 0) & (rank < self.sink_tokens)).float()
         return votes[:, None, :].expand(b, n_kv, n)
+
+    def prompt_scores(self, ctx):
+        """kvpress's ``StreamingLLMPress.score``: 1 for every slot but the ``L - budget`` after the first
+        ``sink_tokens``, which get 0; ``topk`` then breaks the ties. Cutting while decoding ranks the cache's slots
+        with it, as kvpress's ``DecodingPress`` does: its cache holds them in ``topk``'s order, so the next cut's
+        first slots need not be the prompt's first tokens (kvpress's behaviour, kept; ``docs/decoding.md``)."""
+        keys = ctx.keys
+        b, n_kv, length, _ = keys.shape
+        pruned = length - min(length, self.budget_for(length))
+        if ctx.pad_mask is None:
+            first_real = torch.zeros(b, 1, dtype=torch.long, device=keys.device)
+        else:
+            first_real = (~ctx.pad_mask).sum(dim=1, keepdim=True)
+        rank = torch.arange(length, device=keys.device)[None, :] - first_real
+        kept = (rank >= 0) & ((rank < self.sink_tokens) | (rank >= self.sink_tokens + pruned))
+        return kept.to(keys.dtype)[:, None, :].expand(b, n_kv, length)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return votes_bytes(shape, length, batch)

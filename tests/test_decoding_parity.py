@@ -1,0 +1,93 @@
+"""Compression while decoding equals kvpress 0.5.5's ``DecodingPress`` family on cases kvpress itself wrote
+(``tests/fixtures/kvpress/decoding/write_decoding.py``, its docstring gives the command): after a long greedy
+generation crossing at least three cuts, the positions every (layer, KV head) holds and every generated token.
+The registry's ``decoding_knorm``, ``decoding_streaming_llm``, ``decoding_tova`` and ``decoding_keydiff``, plus
+``PrefillDecodingPress`` (Knorm on the prompt and while decoding) and ``CompressionRatioDecodingPress``. All the
+settings of a model share one prefill here; each cache then decodes on its own."""
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+import snapkv
+from snapkv.cache_state import state_of
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kvpress"
+RECORD = json.loads(gzip.open(FIXTURES / "decoding" / "decoding.json.gz", "rt", encoding="utf-8").read())
+
+
+def kvpress_held(case) -> np.ndarray:
+    shape = case["shape"]
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(case["kept"]), np.uint8))[:int(np.prod(shape))]
+    return bits.reshape(shape).astype(bool)
+
+
+def our_held(cache, shape) -> np.ndarray:
+    """Which positions each (layer, KV head) holds: what its last cut kept and every token appended since."""
+    state = state_of(cache)
+    held = np.zeros(shape, dtype=bool)
+    for layer, rows in enumerate(snapkv.kept_positions(cache)):
+        for head, positions in enumerate(rows[0]):
+            held[layer, head, positions.numpy()] = True
+        held[layer, :, state.prompt_length:state.consumed] = True
+    return held
+
+
+def run(model, record):
+    ids = torch.tensor([record["ids"]])
+    cases = record["cases"]
+    settings = [snapkv.build_config(**case["ours"]) for case in cases]
+    outcomes = []
+    with torch.no_grad(), snapkv.compress(model, settings) as session:
+        out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+        caches, session.caches = session.caches, []
+        first = int(out.logits[0, -1].argmax())
+        for case, cache in zip(cases, caches):
+            tokens = [first]
+            for _ in range(len(case["tokens"]) - 1):
+                tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache).logits[0, -1].argmax()))
+            want = kvpress_held(case)
+            got = our_held(cache, want.shape)
+            outcomes.append((case, int((got == want).all(axis=-1).sum()), want.shape[0] * want.shape[1], tokens,
+                             state_of(cache).decoding_cuts))
+    return outcomes
+
+
+def check(record, layers: int) -> int:
+    for case, equal, heads, tokens, cuts in record:
+        prefill_cuts = layers if case["ours"]["ratio"] else 0  # kvpress's count has its prefill's too
+        assert cuts == case["cuts"] - prefill_cuts, f"{case['entry']}: {cuts} layer cuts, kvpress {case['cuts']}"
+        assert equal == heads, f"{case['entry']}: {heads - equal} of {heads} (layer, head) pairs hold other positions"
+        assert tokens == case["tokens"], f"{case['entry']}: the generated tokens differ"
+    return len(record)
+
+
+def test_the_fixture_crosses_three_cuts_and_names_every_weightless_entry():
+    for record in RECORD["models"].values():
+        assert (record["tokens"] - 1) // record["interval"] >= 3
+        entries = {case["entry"] for case in record["cases"]}
+        assert {"decoding_knorm", "decoding_streaming_llm", "decoding_tova", "decoding_keydiff"} <= entries
+        # the generations differ between methods: the cuts change what the model writes
+        assert len({tuple(case["tokens"]) for case in record["cases"]}) > 1
+
+
+def test_tiny_gqa_model_decodes_as_kvpress_decodes():
+    model = AutoModelForCausalLM.from_pretrained(FIXTURES / "tiny_gqa", dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    assert check(run(model, RECORD["models"]["tiny_gqa"]), 2) == 6
+
+
+@pytest.mark.slow
+def test_smollm2_decodes_as_kvpress_decodes():
+    from omegaconf import OmegaConf
+
+    from eval.runner import load_model
+    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
+    assert check(run(model, RECORD["models"]["smollm2"]), 30) == 6
