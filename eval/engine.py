@@ -132,6 +132,10 @@ def run(task: PredictionTask, cfg):
                          "keep out of the compression; leave query_aware=true")
     task.check(cfg)
     runs = job_settings(cfg)
+    for one in runs:
+        if not query_aware(cfg) and one.compressor.needs_question_length:
+            raise InputError(f"compressor.method={one.compressor.method}: its window is the question inside the "
+                             "compressed prompt, which query_aware=false keeps out; use query_aware=true")
     items = task.items(cfg)
     together = decode_together(cfg)
     for one in runs:
@@ -166,6 +170,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     device = resolve_device(cfg)
     model, _ = load_model(cfg.model, device, with_tokenizer=False)
     runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    runner.token_progress = getattr(task, "token_progress", None)  # a task counting its answers' tokens as they come
     shared = len(runs) > 1
     progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),
                              unit="item", dynamic_ncols=True))
@@ -262,7 +267,8 @@ def run_batch(task, runner, entries: list[Entry], together: bool, prefill: str, 
         generations = runner.generate_items(
             [e.prompt.ids for e in entries], [one.compressor for one in first.runs], first.prompt.max_new_tokens,
             stop_ids=first.prompt.stop_ids, min_new_tokens=first.prompt.min_new_tokens, together=together,
-            question_tokens=first.question, prefill=prefill)
+            question_tokens=first.question, prefill=prefill,
+            questions_in_prompts=[0 if e.question else e.prompt.question_tokens for e in entries])
     except Exception as exc:
         if not is_oom(exc):
             raise
@@ -310,9 +316,12 @@ def generate(runner, prompt: Prompt, compressors: list, together: bool = False,
              question_tokens: int = 0) -> list[Generation | None]:
     """Each compressor's generation for one prompt (None: out of memory). Several compressors share
     one prefill (``together``: and decode as batches); when that runs out of memory each is retried
-    alone, as its solo run would be. ``question_tokens``: the last ones are appended after compression."""
+    alone, as its solo run would be. ``question_tokens``: the last ones are appended after compression; else
+    the prompt's question part is prefilled with the rest, and its length goes to the session for a method
+    reading it (``Method.needs_question_length``, FINCH's window)."""
     ids = torch.tensor([prompt.ids])
-    kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens, question_tokens=question_tokens)
+    kwargs = dict(stop_ids=prompt.stop_ids, min_new_tokens=prompt.min_new_tokens, question_tokens=question_tokens,
+                  question_in_prompt=0 if question_tokens else prompt.question_tokens)
     if len(compressors) > 1:
         try:
             return runner.generate_shared(ids, compressors, prompt.max_new_tokens, together=together, **kwargs)

@@ -85,3 +85,24 @@ def input_lines(path: Path):
                 yield where, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
+def read_table_rows(path: Path, where: str) -> list:
+    """Rows of a parquet file, a JSON-lines file or a JSON file (a list of rows, or pandas' ``to_json()`` columns
+    ``{column: {row: value}}``), as a hub dataset's files hold them; an unreadable file is one line naming
+    ``where`` (the config field it came from). A JSON file of another shape is returned as it is."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            return pq.read_table(path).to_pylist()
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        data = json.loads(text)
+    except (OSError, ValueError, ImportError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{where}: {path} is not readable as {path.suffix[1:]} ({detail})") from None
+    if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):  # pandas "columns"
+        keys = list(next(iter(data.values())))
+        return [{column: values[k] for column, values in data.items()} for k in keys]
+    return data

@@ -305,6 +305,7 @@ class Runner:
         self.device = next(model.parameters()).device
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.token_kv_bytes = kv_bytes_per_token(model)
+        self.token_progress = None  # n -> None after each decoding step with the tokens it kept (a bar by tokens)
 
     @contextmanager
     def _compressing(self, compressors: list):
@@ -331,12 +332,15 @@ class Runner:
         return done
 
     def generate(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
-                 stop_ids=(), min_new_tokens: int = 0, question_tokens: int = 0) -> Generation:
+                 stop_ids=(), min_new_tokens: int = 0, question_tokens: int = 0,
+                 question_in_prompt: int = 0) -> Generation:
         """Greedy decoding of one prompt under ``compressor``. ``question_tokens``: the last ones are
         appended after the rest is prefilled and compressed, uncompressed, as a second turn of the same
-        cache (``query_aware=false``); their forward pass counts in ``decode_s``."""
+        cache (``query_aware=false``); their forward pass counts in ``decode_s``. ``question_in_prompt``: how
+        many of the prefilled prompt's last tokens are its question (``query_aware=true``), for a method reading
+        it (``Method.needs_question_length``; 0: not known)."""
         return self._generate(input_ids, [compressor], max_new_tokens, stop_ids, min_new_tokens,
-                              question_tokens=question_tokens)[0]
+                              question_tokens=question_tokens, question_in_prompt=question_in_prompt)[0]
 
     def decode_repeatedly(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
                           repeats: int) -> list[Generation]:
@@ -347,14 +351,14 @@ class Runner:
 
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
                         stop_ids=(), min_new_tokens: int = 0, together: bool = False,
-                        question_tokens: int = 0) -> list[Generation]:
+                        question_tokens: int = 0, question_in_prompt: int = 0) -> list[Generation]:
         """One prefill, then each compressor's greedy continuation from its own cache (one
         ``Generation`` per compressor, each what ``generate`` alone returns; ``prefill_s`` is the
         shared prefill's). ``together``: the settings decode as batches (``decode_batches``), which
         may change a token where batched arithmetic rounds differently; each ``decode_s`` is then its
         batch's."""
         return self._generate(input_ids, list(compressors), max_new_tokens, stop_ids, min_new_tokens, together,
-                              question_tokens)
+                              question_tokens, question_in_prompt=question_in_prompt)
 
     def _question(self, ids: torch.Tensor, **kwargs):
         """The pass that appends a question kept out of the compression to a cache: its last logits."""
@@ -362,15 +366,17 @@ class Runner:
 
     @torch.inference_mode()
     def _generate(self, input_ids, compressors: list, max_new_tokens: int, stop_ids, min_new_tokens: int,
-                  together: bool = False, question_tokens: int = 0, decode_repeats: int = 0):
+                  together: bool = False, question_tokens: int = 0, decode_repeats: int = 0,
+                  question_in_prompt: int = 0):
         input_ids = input_ids.to(self.device)
         if not 0 <= question_tokens < input_ids.shape[1]:
             raise InputError(f"question_tokens={question_tokens}: the prompt has {input_ids.shape[1]} tokens; "
                              "at least one must come before the question")
         split = input_ids.shape[1] - question_tokens
         context, question = input_ids[:, :split], input_ids[:, split:]
-        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens)
+        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens, progress=self.token_progress)
         with self._compressing(compressors) as session:
+            session.question_tokens = question_in_prompt or None  # Method.needs_question_length
             pre = self._prefill(session, context)
             kv_bytes = [kv_cache_bytes(cache) for cache in pre.caches]
             storage = [storage_alternatives(cache, split) for cache in pre.caches]
@@ -443,7 +449,7 @@ class Runner:
     @torch.inference_mode()
     def generate_items(self, prompts: list[list[int]], compressors: list, max_new_tokens: int, stop_ids=(),
                        min_new_tokens: int = 0, together: bool = False, question_tokens: int = 0,
-                       prefill: str = "each") -> list[list[Generation]]:
+                       prefill: str = "each", questions_in_prompts: list[int] | None = None) -> list[list[Generation]]:
         """Several prompts in flight: ``[item][setting]`` generations, every prompt under every compressor,
         their caches decoded as batches. Every prompt shares the generation limits and ``question_tokens``
         (the last ones of each, appended uncompressed after the compression). ``prefill``: "each" prefills
@@ -453,17 +459,20 @@ class Runner:
         one left-padded batch (each row compressed as its prompt alone is, where the setting
         ``takes_padded_batch``) and decodes each setting's rows together, a stopped row running on until
         its batch's last one stops. ``prefill_s`` is the batch's, ``decode_s`` its decoding batch's
-        (with its question passes)."""
+        (with its question passes). ``questions_in_prompts``: per prompt, how many of its prefilled last tokens
+        are its question (``generate``'s ``question_in_prompt``; "each" only: a method reading it takes no padded
+        batch)."""
         check_choice("batch.prefill", prefill, PREFILLS)
         if question_tokens and min(len(p) for p in prompts) <= question_tokens:
             raise InputError(f"question_tokens={question_tokens}: a prompt has no context before its question")
-        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens)
+        limits = Limits(max_new_tokens, frozenset(stop_ids), min_new_tokens, progress=self.token_progress)
         if prefill == "padded":
             return self._items_padded(prompts, compressors, limits, together, question_tokens)
         members, owners, prefill_s = [], [], 0.0
         with self._compressing(compressors) as session:
             for row, prompt in enumerate(prompts):
                 split = len(prompt) - question_tokens
+                session.question_tokens = (questions_in_prompts[row] if questions_in_prompts else 0) or None
                 pre = self._prefill(session, torch.tensor([prompt[:split]], device=self.device))
                 prefill_s += pre.seconds
                 question = self._question(torch.tensor([prompt[split:]], device=self.device)) \

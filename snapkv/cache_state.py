@@ -19,6 +19,10 @@ merged              False          True        ``snapkv.merge_caches``: ``layer_
                                                real slots per layer
 head-adaptive       any            True        a head-adaptive method cut a layer: it is a
                                                ``snapkv.ragged.RaggedLayer`` (``head_adaptive``)
+renumbered          False          True        ``end_pass`` after a prefill whose cut re-rotated the kept keys
+                                               (``Method.rerotates_keys``): a contiguous cache of ``n``
+                                               tokens; ``consumed`` and ``next_positions`` restart at ``n``
+                                               and each later pass takes the cache's own positions
 ==================  =============  ==========  ==========================================================
 """
 from __future__ import annotations
@@ -59,6 +63,9 @@ class CacheState:
     decoding_cuts: int = 0              # cuts while decoding so far (of every layer)
     cut_mask: torch.Tensor | None = None  # this pass's cuts while decoding: which kept slots are real
     cut_in_pass: bool = False
+    question_tokens: int | None = None  # how many of the prompt's last tokens are its question (needs_question_length)
+    rerotated_layers: set = field(default_factory=set)  # layers this prefill cut and re-rotated (rerotates_keys)
+    renumbered: bool = False            # the kept keys sit at 0..n-1: positions are the cache's own (see the table)
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -92,10 +99,25 @@ class CacheState:
 
     def end_pass(self) -> None:
         """The decoder has run every layer: this prefill's caches decode on their own from now on."""
-        self.in_prefill = False
-        for _, sibling in self.siblings:
-            sibling.in_prefill = False
+        for one in (self, *(sibling for _, sibling in self.siblings)):
+            if one.in_prefill and one.rerotated_layers:
+                one.renumber()
+            one.in_prefill = False
         self.siblings = []
+
+    def renumber(self) -> None:
+        """After a prefill whose cut re-rotated the kept keys to ``0..n-1`` (``Method.rerotates_keys``): the cache
+        is a contiguous one of ``n`` tokens, so the next token sits at ``n`` (kvpress's pipeline continues at
+        ``cache.get_seq_length()``). Every layer must have been cut to the same ``n``."""
+        kept = set(self.cache_lengths.values())
+        if self.rerotated_layers != set(self.cache_lengths) or len(kept) != 1:
+            raise InputError(f"{self.cfg.method}: re-rotated keys need every layer cut to the same number of tokens "
+                             f"(layers kept {sorted(kept)})")
+        n = kept.pop()
+        self.consumed = n
+        self.next_positions = torch.full_like(self.next_positions, n)
+        self.rerotated_layers = set()
+        self.renumbered = True
 
     def record_layer(self, layer_idx: int, kept_tokens: int) -> None:
         self.cache_lengths[layer_idx] = kept_tokens

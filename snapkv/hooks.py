@@ -27,6 +27,11 @@ every query, and one ``[b, H, q, L]`` tensor in the model dtype (eager's own ``L
 as that layer is compressed, so never more than one layer's. The weights equal eager's given the same queries
 and keys; the queries and keys themselves are the sdpa model's (they differ from an eager model's by rounding).
 
+A method reading the question's length (``Method.needs_question_length``) is told it per prefill
+(``compress(..., question_tokens=)``, ``session.question_tokens``); one re-rotating its kept keys
+(``Method.rerotates_keys``) has them moved to positions ``0..n-1`` right after its cut (``snapkv.rerotation``), and
+its cache continues at position ``n`` once the prefill is over (``CacheState.renumber``).
+
 Each cache carries its state (``snapkv.cache_state``, with the table of its lifecycle); every
 place where transformers must be worked around is in ``snapkv.transformers_workarounds``.
 """
@@ -45,6 +50,7 @@ from .decoding_cuts import DecodingBuffer, check_buffer, due, gather_slots, in_s
 from .errors import InputError
 from .method import Method
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
+from .rerotation import rerotated_keys
 from .timing import Clock, Ledger
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
                                        filled_layer, kv_groups_for, route_attention, takes_ragged_attention)
@@ -72,6 +78,8 @@ class LayerContext:
     #                                                asking (``Method.needs_attention_weights``)
     decoding: object = None                        # the setting cutting the cache while decoding (its buffer of
     #                                                decoded tokens is ``hidden_states``)
+    question_tokens: int | None = None             # how many of the prompt's last tokens are its question, for a
+    #                                                method asking (``Method.needs_question_length``)
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -168,7 +176,7 @@ class Replay:
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
-    def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None):
+    def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens=None):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
@@ -183,7 +191,14 @@ class CompressionSession:
                                  f"(max_position_embeddings={limit})")
         self.model, self.cfgs, self.cfg = model, cfgs, cfgs[0]
         self.compress_later_turns = compress_later_turns
+        for one in cfgs:
+            if compress_later_turns and (one.needs_question_length or one.rerotates_keys):
+                raise InputError(f"{one.method}: compress_later_turns=True is not supported (its window is the first "
+                                 "prompt's question and its keys are re-rotated); leave it False")
         self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
+        # how many of the next prefills' last tokens are the question (``Method.needs_question_length``): set it
+        # before each prefill whose question length differs (the runner does, per prompt)
+        self.question_tokens = question_tokens
         self.layers = decoder_layers(model)
         self._rotary = getattr(self.decoder, "rotary_emb", None)
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
@@ -198,6 +213,10 @@ class CompressionSession:
         self._keeps_weights = any(one.needs_attention_weights for one in cfgs)
         self._projections: dict = {}
         self._generate = None
+        for one in cfgs:  # what a method fixes once per model (``Method.prepare``), before any hook is attached
+            if one.compresses:
+                with torch.no_grad():
+                    one.prepare(self.replay)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -281,7 +300,9 @@ class CompressionSession:
             raise InputError(f"{state.cfg.method}: a head-adaptive cache cannot compress a later turn "
                              "(compress_later_turns=False appends it as it is)")
         positions, kwargs["attention_mask"] = state.begin_pass(q_len, self.compress_later_turns)
-        if kwargs.get("position_ids") is None:
+        if kwargs.get("position_ids") is None or state.renumbered:
+            # re-rotated keys (Method.rerotates_keys): the cache's own positions, n onwards, whatever the caller
+            # counted (generate counts from the prompt's length)
             kwargs["position_ids"] = positions
         # no kept padding: causal masking is right for every layer, whatever its length (a
         # multi-token continuation gets a per-layer mask in _before_attention)
@@ -321,16 +342,37 @@ class CompressionSession:
             if cfg.scores_after_prefill and (ids is None or pad_mask is not None or ids.shape[0] != 1):
                 raise InputError(f"{cfg.method}: one prompt of token ids without padding (batch size 1, "
                                  "input_ids): its replay repeats the prompt's tokens, as kvpress's press does")
+        question = self._question_length(q_len, pad_mask)
 
         def state(cfg):
             one = CacheState.for_prefill(cfg, pad_mask, next_positions, q_len)
             one.prompt_ids = ids if cfg.scores_after_prefill else None
+            one.question_tokens = question
             return one
         first = state(self.cfgs[0])
         first.siblings = [(DynamicCache(config=self.model.config), state(cfg)) for cfg in self.cfgs[1:]]
         for sibling, sibling_state in first.siblings:
             set_state(sibling, sibling_state)
         return first
+
+    def _question_length(self, q_len: int, pad_mask) -> int | None:
+        """The prompt's question length for the settings asking (``Method.needs_question_length``), checked."""
+        asking = [cfg for cfg in self.cfgs if cfg.compresses and (cfg.needs_question_length or cfg.rerotates_keys)]
+        if asking and pad_mask is not None:
+            raise InputError(f"{asking[0].method}: a left-padded batch cannot be compressed (one question length per "
+                             "prompt, re-rotated keys per row); prefill the prompts one at a time")
+        question = self.question_tokens
+        if not any(cfg.needs_question_length for cfg in asking):
+            return question
+        if question is None:
+            name = next(cfg.method for cfg in asking if cfg.needs_question_length)
+            raise InputError(f"{name}: the question's length is not known; pass snapkv.compress(model, cfg, "
+                             "question_tokens=N) or set session.question_tokens = N before the prefill "
+                             "(N: how many of the prompt's last tokens are the question)")
+        if isinstance(question, bool) or not isinstance(question, int) or not 0 < question < q_len:
+            raise InputError(f"question_tokens={question!r} must be an integer in [1, {q_len - 1}]: how many of the "
+                             f"prompt's last tokens (of {q_len}) are the question, at least one before it")
+        return question
 
     def _after_decoder(self, module, args, kwargs, output):
         cache = cache_argument(kwargs)
@@ -481,7 +523,7 @@ class CompressionSession:
             weights = output[1]  # eager attention's own (sdpa and flash return None)
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
                            idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device),
-                           weights=weights)
+                           weights=weights, question_tokens=state.question_tokens)
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
             known, ctx.reads = set(ctx.spans), set()
@@ -560,6 +602,21 @@ class CompressionSession:
                 kept = in_score_order(cfg.prompt_scores(ctx), kept)  # as the cuts while decoding leave it
             channels = cfg.key_channels(ctx)  # None: every key channel
         self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn], channels)
+        if cfg.rerotates_keys:
+            self._rerotate(cache.layers[idx], state, idx, kept, valid, channels, ctx.rotary)
+
+    @staticmethod
+    def _rerotate(layer, state: CacheState, idx: int, kept, valid, channels, rotary) -> None:
+        """``Method.rerotates_keys``: the layer's kept keys (just stored, at the prompt positions ``kept``) moved to
+        positions ``0..n-1``; the cache continues at ``n`` once the prefill is over (``CacheState.end_pass``)."""
+        if valid is not None or channels is not None:
+            raise InputError(f"{state.cfg.method}: re-rotated keys need a uniform cut of whole keys (every head the "
+                             "same number of positions)")
+        if bool((kept[..., 1:] <= kept[..., :-1]).any()):
+            raise InputError(f"{state.cfg.method}: re-rotated keys need each head's kept positions ascending")
+        with torch.no_grad():
+            layer.keys = rerotated_keys(layer.keys, kept, rotary)
+        state.rerotated_layers.add(idx)
 
     @staticmethod
     def _store(cache, state: CacheState, idx: int, keys, values, kept, valid, budget: int, groups: int,
@@ -604,7 +661,7 @@ class CompressionSession:
 
 
 @contextmanager
-def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None):
+def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens: int | None = None):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
 
     ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
@@ -618,8 +675,11 @@ def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None):
     A cache compressed here can be continued in the context: token by token, several tokens at a
     time, or a later turn through ``generate`` on the same cache (its tokens are appended at the
     right positions; ``compress_later_turns=True`` compresses a later turn's prompt too). ``tokenizer``:
-    the model's, for a method that prompts the model itself (KVzip; else loaded from its folder)."""
-    session = CompressionSession(model, cfg, compress_later_turns, tokenizer)
+    the model's, for a method that prompts the model itself (KVzip; else loaded from its folder).
+    ``question_tokens``: how many of the prompt's last tokens are its question, for a method reading it
+    (``Method.needs_question_length``, FINCH); it holds for every prefill until ``session.question_tokens`` is
+    set to another value (set it before each prefill whose question length differs)."""
+    session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens)
     session.attach()
     try:
         yield session

@@ -32,6 +32,16 @@ fewer key channels          ``stores_key_channels``: ``key_channels(ctx)``, the 
                             ``stored_key_channels`` tells the planner (every channel)
 memory                      ``compression_bytes``: the planner's term for the scoring (required)
 padded batches              ``pads_batches`` / ``takes_padded_batch`` (yes, unless a ratio)
+once per model              ``prepare(replay)``: when ``snapkv.compress`` starts, before any prefill, with the
+                            model (``snapkv.hooks.Replay``): scores fixed per model, e.g. DuoAttention's
+                            heads (nothing); ``needs_local_data``: a setting needs a local file named in a
+                            field, so one built from its defaults cannot run (no)
+the question's length       ``needs_question_length``: ``ctx.question_tokens``, how many of the prompt's last tokens
+                            are its question (``compress(..., question_tokens=)`` or ``session.question_tokens``;
+                            missing: one line naming what to pass); one per prompt, no padded batch (no)
+re-rotated keys             ``rerotates_keys``: the kept keys are moved to positions ``0..n-1`` (RoPE by
+                            ``new - old``, kvpress's ``KeyRerotationPress``); every layer keeps the same ``n`` and
+                            the cache continues as a plain one of ``n`` tokens, the next token at ``n`` (no)
 naming                      ``method``, ``display_name``, ``tag_parts``, ``label()``, and
                             ``kvpress_entries``: the kvpress registry entries this method is (none)
 ==========================  ===========================================================================
@@ -111,6 +121,14 @@ class Method:
     scores_while_decoding: ClassVar[bool] = True
     # whether ``prompt_scores`` ranks prompt positions, so that a wrapper (AdaKV) can take it as its scorer
     scores_positions: ClassVar[bool] = False
+    # whether a setting needs a local file named in one of its fields (DuoAttention's head patterns or texts) before
+    # it can run: one built from its defaults cannot (a missing path is one line), so the generic tests skip it
+    needs_local_data: ClassVar[bool] = False
+    # whether ``select`` reads the question's length (``ctx.question_tokens``: how many of the prompt's last tokens
+    # are its question, FINCH's observation window). The session is told it per prefill (``snapkv.compress(...,
+    # question_tokens=N)`` or ``session.question_tokens = N`` before the prefill); a prefill without it is refused
+    # with one line, and so is a padded batch (one question length per prompt)
+    needs_question_length: ClassVar[bool] = False
     # the kvpress registry entries (``evaluation/evaluate_registry.py``) this method is: entry name ->
     # the fields it sets beyond the method's defaults (the leaderboard preset is generated from them)
     kvpress_entries: ClassVar[dict] = {}
@@ -120,6 +138,16 @@ class Method:
     reference: ClassVar[str] = ""
     budget_meaning: ClassVar[str] = ""
     deviations: ClassVar[str] = ""
+
+    @property
+    def rerotates_keys(self) -> bool:
+        """Whether the kept keys are re-rotated after the cut (kvpress's ``KeyRerotationPress``): each kept key is
+        moved from its prompt position to its index ``0..n-1`` among the kept ones (RoPE by ``new - old``, from the
+        model's rotary embedding), so the cache is then a plain contiguous cache of ``n`` tokens: the next token sits
+        at position ``n``, not at the prompt's length, whatever positions the caller passes (``generate`` counts from
+        the prompt's length). Every layer must keep the same ``n``, ascending (a uniform ``select``); ``kept_positions``
+        still lists the prompt positions kept. No by default."""
+        return False
 
     def takes_padded_batch(self) -> bool:
         """Whether each row of a left-padded batch is compressed as its prompt alone is: not where the
@@ -269,6 +297,13 @@ class Method:
         (what a wrapper such as AdaKV allocates from; ``scores_positions`` says a method gives it)."""
         length = ctx.keys.shape[-2]
         return always_kept(self.score(ctx), last=self.recent_window(ctx.layer_idx, ctx.num_layers, length))
+
+    def prepare(self, replay) -> None:
+        """Once per ``snapkv.compress`` session, before any prefill: what the method fixes per model from
+        ``replay`` (``snapkv.hooks.Replay``: the model, its decoder layers and stack, its tokenizer), as kvpress's
+        ``post_init_from_model`` (DuoAttention's streaming heads). Its time is in no prompt's compression.
+        Nothing by default."""
+        return None
 
     # scoring after the prefill (``scores_after_prefill``; KVzip's context replay)
     def replay_key(self) -> tuple:

@@ -5,12 +5,12 @@ from transformers import DynamicCache
 
 import snapkv
 from snapkv.ragged import RaggedLayer
-from method_settings import COMPRESSING, small
+from method_settings import RUNNABLE, small
 from tiny_models import ARCHITECTURES, tiny_model
 
-# every registered compressing method at a test size, and one variant (average pooling, a selection
-# per query head)
-METHODS = {name: small(name) for name in COMPRESSING}
+# every registered compressing method that runs from its defaults (``RUNNABLE``), at a test size, and one variant
+# (average pooling, a selection per query head)
+METHODS = {name: small(name) for name in RUNNABLE}
 METHODS["snapkv-avg-repeat"] = snapkv.SnapKV(budget=48, window=8, kernel=3, pooling="avgpool", gqa="repeat")
 
 

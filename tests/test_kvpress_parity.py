@@ -73,11 +73,16 @@ def floored_by_our_window(case, length: int) -> bool:
     return window is not None and max(1, int(length * (1 - case["ratio"]))) < window + 1
 
 
-def run_cases(model, record):
+def run_cases(model, record, tokenizer=None):
     ids = torch.tensor([record["ids"]])
     cases = record["cases"]
     outcomes = []
-    with torch.no_grad(), snapkv.compress(model, [setting(c) for c in cases]) as session:
+    # a case whose method reads the question's length (FINCH) records it: the prompt's last tokens
+    questions = {c["question_tokens"] for c in cases if "question_tokens" in c}
+    assert len(questions) <= 1, "the cases of one prefill share one question length"
+    question = questions.pop() if questions else None
+    with torch.no_grad(), snapkv.compress(model, [setting(c) for c in cases], question_tokens=question,
+                                          tokenizer=tokenizer) as session:
         out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         caches, session.caches = session.caches, []
         first = int(out.logits[0, -1].argmax())

@@ -86,7 +86,9 @@ def test_the_tag_changes_with_every_field_that_changes_what_is_kept(method):
                "use_random_leverage": True, "use_local_approximation": False, "local_window_size": 32,
                "sink_size_start": 16, "sink_size_end": 8, "sketch_dimension": 32, "blending": 0.5,
                "chunk_length": 10, "block_size": 64,  # ChunkKV, Block
-               "key_channel_ratio": 0.25}  # ThinK
+               "key_channel_ratio": 0.25,  # ThinK
+               "normalize_scores": False, "rerotate_keys": False,  # FINCH
+               "head_ratio": 0.25, "on_the_fly_scoring": True, "sink_size": 64, "recent_size": 128}  # DuoAttention
     alternatives = {"pooling": "maxpool"}  # where a method's default is the value above
     for f in dataclasses.fields(cls):
         if f.name in ("ratio", *cls.derived, *cls.untagged, *DECODING_FIELDS):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from snapkv.errors import InputError
 
+from ..jsonl import read_table_rows
+
 DATASETS = ("aime25", "math500")
 HUB = {"aime25": "alessiodevoto/aime25", "math500": "alessiodevoto/math500"}
 SPLIT = "test"
@@ -69,16 +71,7 @@ def _data_files(folder: Path) -> list[Path]:
 
 
 def _read_file(path: Path, where: str) -> list:
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-            return pq.read_table(path).to_pylist()
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
-    except (OSError, ValueError, ImportError) as exc:
-        raise InputError(f"{where}: {path} is not readable as {path.suffix[1:]} ({_first_line(exc)})") from None
+    data = read_table_rows(path, where)
     if not isinstance(data, list):
         raise InputError(f"{where}: {path} must hold a JSON list of rows with {', '.join(COLUMNS)}")
     return data

@@ -104,13 +104,18 @@ class MathTask(PredictionTask):
     def prompt(self, item: Problem, model, tokenizer) -> Prompt:
         if self.bar is None:
             self.stops = stop_token_ids(model, tokenizer)
-            # the engine's bar counts items; this one the answers' tokens, as each answer is recorded
+            # the engine's bar counts items; this one the answers' tokens, step by step (token_progress)
             self.bar = tqdm(desc=f"{self.name} {self.dataset} generated", unit="tok", unit_scale=True,
                             position=1, dynamic_ncols=True)
         row = item.row
         ids, question = encode(tokenizer, row["context"], row["question"], row["answer_prefix"], self.chat_format,
                                bool(self.section.enable_thinking))
         return Prompt(ids, self.max_new_tokens(row), self.stops, question_tokens=question)
+
+    def token_progress(self, tokens: int) -> None:
+        """After each decoding step: the tokens it added to the answers being written (``Runner.token_progress``)."""
+        if self.bar is not None:
+            self.bar.update(tokens)
 
     def record(self, run: SettingRun, item: Problem, prompt: Prompt, generation, text) -> None:
         row = item.row
@@ -129,8 +134,6 @@ class MathTask(PredictionTask):
                           answered=score.answered(text),
                           math_verify=score.math_verify_correct(text, row["answer"]),
                           cost=generation.cost())
-            if self.bar is not None:
-                self.bar.update(len(tokens))
         append_record(score.pred_path(run.out, self.dataset), record)
 
     def finish(self, run: SettingRun) -> dict:

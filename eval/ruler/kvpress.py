@@ -17,11 +17,12 @@ query split, RULER's scoring) is the same. ``encode`` builds the prompt as kvpre
 from __future__ import annotations
 
 import functools
-import json
 import os
 from pathlib import Path
 
 from snapkv.errors import InputError
+
+from ..jsonl import read_table_rows
 
 HUB_REPO = "simonjegou/ruler"
 SPLIT = "test"
@@ -65,19 +66,7 @@ def _data_files(folder: Path) -> list[Path]:
 def _read(path: Path) -> list[dict]:
     """Rows of a parquet file, a JSON-lines file, or a JSON file (a list of rows, or pandas'
     ``to_json()`` columns ``{column: {row: value}}``)."""
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-            return pq.read_table(path).to_pylist()
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
-    except (OSError, ValueError, ImportError) as exc:
-        raise InputError(f"{FIELD}={path}: not readable as {path.suffix[1:]} ({type(exc).__name__})") from None
-    if isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()):  # pandas orient="columns"
-        keys = list(next(iter(data.values()), {}))
-        return [{column: values[k] for column, values in data.items()} for k in keys]
+    data = read_table_rows(path, FIELD)
     if isinstance(data, list):
         return data
     raise InputError(f"{FIELD}={path}: a JSON list of rows (or pandas' to_json columns) with {', '.join(COLUMNS)}")
