@@ -85,3 +85,32 @@ def stop_token_ids(model, tokenizer) -> list[int]:
         if value is not None and value not in ids:
             ids.append(int(value))
     return ids
+
+
+def encode_kvpress(tokenizer, context: str, question: str, answer_prefix: str, chat_format: str,
+                   enable_thinking: bool = False, format_field: str = "model.chat_format"):
+    """``(ids, question_tokens)`` as kvpress 0.5.5's ``KVPressTextGenerationPipeline.preprocess`` builds them,
+    or None for a chat format kvpress has no counterpart of (the caller wraps it its own way).
+
+    ``template``: the user turn is ``context + separator``, the chat template is applied (``enable_thinking``:
+    False is the pipeline's default) and split at the separator; the context ids are the text before it, the
+    question ids ``question + the rest + answer_prefix``, each tokenized on its own without special tokens.
+    ``none`` (kvpress: a tokenizer without a chat template): BOS + context, then
+    ``question + "\\n" + answer_prefix``. ``format_field``: the setting a missing template's error names."""
+    if chat_format == "template":
+        if not getattr(tokenizer, "chat_template", None):
+            raise InputError("model.chat_format=template but the tokenizer has no chat template; use "
+                             f"{format_field}=none (kvpress's rule for such a tokenizer)")
+        separator = "#" * (len(context) + 10)
+        wrapped = tokenizer.apply_chat_template([{"role": "user", "content": context + separator}],
+                                                add_generation_prompt=True, tokenize=False,
+                                                enable_thinking=enable_thinking)
+        head, suffix = wrapped.split(separator)
+    elif chat_format == "none":
+        head, suffix = (getattr(tokenizer, "bos_token", None) or "") + context, "\n"
+    else:
+        return None
+    context_ids = tokenizer.encode(head, add_special_tokens=False)
+    question_ids = tokenizer.encode(question + suffix + answer_prefix, add_special_tokens=False)
+    return list(context_ids) + list(question_ids), len(question_ids)
+

@@ -20,6 +20,7 @@ from snapkv.errors import InputError
 from snapkv.memory import plan
 
 from ..decoding import Limits, Member, decode, sync
+from ..runner import kv_bytes_per_token
 from .measure import _cpu_rss, _reset_cpu_peak
 
 
@@ -58,14 +59,12 @@ def measure_one(model, cfg, ids: torch.Tensor, decode_tokens: int, span: int, dt
         stamps.append(time.perf_counter())
         member = Member(cache, logits)
         limits = Limits(decode_tokens, frozenset(), decode_tokens, progress=stamp)
-        held = None
         for _batch, _tokens, _seconds in decode(model, [member], [[0]], limits):
             pass
         after = member.after or {}
         held = after.get("final_kv_bytes")
-        if held is None:  # a cache not cut while decoding holds every token: read it before it goes
-            tokens_held = ids.shape[1] + decode_tokens - 1
-            held = tokens_held * kv_per_token(model)
+        if held is None:  # a cache not cut while decoding holds every token it was given
+            held = (ids.shape[1] + decode_tokens - 1) * kv_bytes_per_token(model)
     peak = (torch.cuda.max_memory_allocated() if cuda else _cpu_rss("VmHWM")) - base
     steps = [b - a for a, b in zip(stamps, stamps[1:])][1:]  # each decoding step (the first comes from the prefill)
     first, last = statistics.mean(steps[:span]), statistics.mean(steps[-span:])
@@ -78,13 +77,6 @@ def measure_one(model, cfg, ids: torch.Tensor, decode_tokens: int, span: int, dt
             "decode_cut_s": after.get("decode_cut_s", 0.0), "peak_above_weights_bytes": int(peak),
             "planned_peak_above_weights_bytes": int(predicted),
             "planner_error": round((predicted - peak) / peak, 3) if peak > 0 else None}
-
-
-def kv_per_token(model) -> int:
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element = next(model.parameters()).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element
 
 
 def measure_long_generation(model, node, dtype: str) -> dict:

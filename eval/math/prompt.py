@@ -17,26 +17,14 @@ one user turn (``eval.chat``) and the answer prefix follows the wrapper.
 """
 from __future__ import annotations
 
-from ..chat import encode_chat_split
-from snapkv.errors import InputError
+from ..chat import encode_chat_split, encode_kvpress
 
 
 def encode(tokenizer, context: str, question: str, answer_prefix: str, chat_format: str,
            enable_thinking: bool = False) -> tuple[list[int], int]:
     """``(ids, question_tokens)`` of one row: the context's ids, then the question part's."""
-    if chat_format == "template":
-        if not getattr(tokenizer, "chat_template", None):
-            raise InputError("model.chat_format=template but the tokenizer has no chat template; use "
-                             "math.chat_format=none (kvpress's rule for such a tokenizer)")
-        separator = "#" * (len(context) + 10)
-        wrapped = tokenizer.apply_chat_template([{"role": "user", "content": context + separator}],
-                                                add_generation_prompt=True, tokenize=False,
-                                                enable_thinking=enable_thinking)
-        head, suffix = wrapped.split(separator)
-    elif chat_format == "none":
-        head, suffix = (getattr(tokenizer, "bos_token", None) or "") + context, "\n"
-    else:
+    built = encode_kvpress(tokenizer, context, question, answer_prefix, chat_format, enable_thinking,
+                           format_field="math.chat_format")
+    if built is None:
         return encode_chat_split(tokenizer, context + question, chat_format, len(context), suffix=answer_prefix)
-    context_ids = tokenizer.encode(head, add_special_tokens=False)
-    question_ids = tokenizer.encode(question + suffix + answer_prefix, add_special_tokens=False)
-    return list(context_ids) + list(question_ids), len(question_ids)
+    return built

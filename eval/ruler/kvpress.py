@@ -22,6 +22,7 @@ from pathlib import Path
 
 from snapkv.errors import InputError
 
+from ..chat import encode_kvpress
 from ..jsonl import read_table_rows
 
 HUB_REPO = "simonjegou/ruler"
@@ -137,29 +138,8 @@ def to_ruler_row(row: dict, index: int) -> dict:
 
 
 def encode(tokenizer, row: dict, chat_format: str) -> tuple[list[int], int] | None:
-    """``(ids, question_tokens)`` as kvpress's ``KVPressTextGenerationPipeline.preprocess`` builds them,
-    or None for a chat format kvpress has no counterpart of (the caller wraps it as for generated data).
-
-    ``template``: the user turn is ``context + separator``, the chat template is applied
-    (``enable_thinking=False``, the pipeline's default) and split at the separator; the context ids are
-    the text before it, the question ids ``question + the rest + answer_prefix``, each tokenized on its
-    own without special tokens. ``none`` (kvpress: a tokenizer without a chat template): BOS + context,
-    then ``question + "\\n" + answer_prefix``."""
+    """``(ids, question_tokens)`` of a row as kvpress's pipeline builds them (``eval.chat.encode_kvpress``), or
+    None for a chat format kvpress has no counterpart of (the caller wraps it as for generated data)."""
     at, prefix = row["query_at"], row["answer_prefix"]
     text = row["input"]
-    context, question = text[:at], text[at:len(text) - len(prefix)]
-    if chat_format == "template":
-        if not getattr(tokenizer, "chat_template", None):
-            raise InputError("model.chat_format=template but the tokenizer has no chat template; use "
-                             "model.chat_format=none (kvpress's rule for such a tokenizer)")
-        separator = "#" * (len(context) + 10)
-        wrapped = tokenizer.apply_chat_template([{"role": "user", "content": context + separator}],
-                                                add_generation_prompt=True, tokenize=False, enable_thinking=False)
-        head, suffix = wrapped.split(separator)
-    elif chat_format == "none":
-        head, suffix = (getattr(tokenizer, "bos_token", None) or "") + context, "\n"
-    else:
-        return None
-    context_ids = tokenizer.encode(head, add_special_tokens=False)
-    question_ids = tokenizer.encode(question + suffix + prefix, add_special_tokens=False)
-    return list(context_ids) + list(question_ids), len(question_ids)
+    return encode_kvpress(tokenizer, text[:at], text[at:len(text) - len(prefix)], prefix, chat_format)
