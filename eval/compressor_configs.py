@@ -46,7 +46,8 @@ def option(cls) -> dict:
     size = ["${size_tag:${.budget},${.ratio}}"] if sized else []
     tag = "-".join([cls.method, *size, *map(_interpolated, cls.tag_template())])
     if cls().scores_while_decoding and not cls().cannot_decode():  # compression while decoding, when set
-        tag += "${decoding_tag:${.decode_target},${.decode_ratio},${.decode_interval},${.decode_buffer}}"
+        tag += "${decoding_tag:${.decode_target},${.decode_ratio},${.decode_interval},${.decode_buffer},"
+        tag += "${.decode_query_positions}}"
     node["tag"] = tag
     return node
 

@@ -343,11 +343,13 @@ class Runner:
                               question_tokens=question_tokens, question_in_prompt=question_in_prompt)[0]
 
     def decode_repeatedly(self, input_ids: torch.Tensor, compressor, max_new_tokens: int,
-                          repeats: int) -> list[Generation]:
+                          repeats: int, question_in_prompt: int = 0) -> list[Generation]:
         """One prefill, then ``repeats`` greedy decodes, each from its own copy of the compressed cache
         (``eval.bench``'s ``prefill_repeats``: decode timings without a prefill each). The copies are
-        made before each decode, outside its timing; at most two caches are alive at once."""
-        return self._generate(input_ids, [compressor], max_new_tokens, (), 0, decode_repeats=repeats)
+        made before each decode, outside its timing; at most two caches are alive at once. ``question_in_prompt``:
+        as ``generate``'s."""
+        return self._generate(input_ids, [compressor], max_new_tokens, (), 0, decode_repeats=repeats,
+                              question_in_prompt=question_in_prompt)
 
     def generate_shared(self, input_ids: torch.Tensor, compressors, max_new_tokens: int,
                         stop_ids=(), min_new_tokens: int = 0, together: bool = False,

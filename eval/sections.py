@@ -219,6 +219,7 @@ class BenchSection:
     methods: List[str] = field(default_factory=lambda: ["full", "snapkv"])
     batch_sizes: List[int] = field(default_factory=lambda: [1])
     decode_tokens: int = 16
+    question_tokens: int = 32
     repeats: int = 3
     prefill_repeats: Optional[int] = None
     fresh_process: Any = "auto"

@@ -628,15 +628,15 @@ def section_items(mode: Mode, clock: Clock) -> dict:
 
 def section_long_generation(mode: Mode, clock: Clock) -> dict:
     """Compression while decoding (docs/decoding.md): a 64-token prompt and 4,096 tokens written on the LWM-7B
-    shape, full KV against cuts to 512 tokens every 128 (Knorm, StreamingLLM, TOVA): ms/token over the first and
+    shape, full KV against cuts to 512 tokens every 128 (Knorm, StreamingLLM, TOVA, AdaKV): ms/token over the first and
     the last 512 tokens, KV at the end, the peak above the weights and the planner's error."""
     from types import SimpleNamespace
 
     from eval.bench.long_generation import measure_long_generation
     model = lwm_model(mode)
     node = SimpleNamespace(prompt_tokens=64, decode_tokens=256 if mode.smoke else 4096, span=64 if mode.smoke else 512,
-                           methods=["knorm", "streamingllm", "tova"], target=64 if mode.smoke else 512,
-                           interval=32 if mode.smoke else 128, buffer=32 if mode.smoke else 256)
+                           methods=["knorm", "streamingllm", "tova", "adakv"], target=96 if mode.smoke else 512,
+                           interval=72 if mode.smoke else 128, buffer=72 if mode.smoke else 256)
     result = measure_long_generation(model, node, str(mode.dtype).removeprefix("torch."))
     return {"model": f"random LWM-7B shape, {mode.dtype}", **result}
 

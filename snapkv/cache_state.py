@@ -163,6 +163,15 @@ class CacheState:
                 raise InputError(f"{self.cfg.method}: layers kept different padding while decoding; run batch size 1")
             self.cut_mask = mask
 
+    def record_headwise_cut(self, layer_idx: int, target: int) -> None:
+        """A layer was cut while decoding to each head's own slots (a ``RaggedLayer`` holding its kept positions,
+        ``target`` a head on average, and no padding)."""
+        self.prompt_slots.pop(layer_idx, None)
+        self.record_layer(layer_idx, target)
+        self.decoding_cuts += 1
+        self.cut_in_pass = self.head_adaptive = True
+        self.prompt_length = self.consumed
+
     def finish_decoding_cuts(self, cache) -> None:
         """After a pass whose layers were cut while decoding: the cache decodes as a compressed one from now on
         (positions given explicitly, its kept padding masked)."""

@@ -5,15 +5,17 @@ Reference: kvpress 0.5.5 ``DecodingPress`` (and ``CompressionRatioDecodingPress`
 attention, a layer adds that pass's hidden states to a buffer and counts it; once the count reaches the interval,
 the method scores the layer's whole cache (prompt and generated tokens) from the keys, the values and the
 buffered hidden states, keeps the target, and the buffer and count start again; between cuts the buffer holds at
-most ``decode_buffer`` tokens (at a cut, those and the current pass's). What differs, all documented in
-``docs/decoding.md``:
+most ``decode_buffer`` tokens (at a cut, those and the current pass's). As there, a method ranking positions
+keeps its slots in ``torch.topk``'s order (``ranked_slots``) and the buffered queries are rotated at the current
+token's position (kvpress's scorers read the pass's position embeddings; ``decode_query_positions="own"``: each
+at its own; the same for a method reading one query (TOVA) or none (Knorm, KeyDiff, StreamingLLM, Expected
+Attention's pre-RoPE statistics)). What differs, all documented in ``docs/decoding.md``:
 
 - the count is of tokens, kvpress's of passes (the same when decoding token by token, as both do);
-- the buffered tokens keep their own rotary positions (kvpress rotates every buffered query at the current
-  token's position: the same for a method reading one query (TOVA) or none (Knorm, KeyDiff, StreamingLLM));
-- what is cut is freed: the layer holds the kept slots only (kvpress's head-adaptive decoding masks instead);
-- the kept slots stay in position order (kvpress's top-k leaves them in score order; no method scoring from
-  keys, values or queries sees the difference, and StreamingLLM keeps the first and the last tokens by position).
+- what is cut is freed: the layer holds the kept slots only. A head-adaptive method (AdaKV, CriticalAdaKV) cuts
+  each head to its own count (``cut_heads``, a ``snapkv.ragged.RaggedLayer``), the layer's ``target`` x KV heads in
+  all; kvpress's ``DecodingPress(AdaKVPress(...))`` masks instead, and a position it masked can come back at a later
+  cut, its key overwritten by the mask's stand-in, so the two agree up to the second cut.
 
 A left-padded batch cuts each row on its own real tokens: its padding scores below every real token, so a row
 keeps padding only where it holds fewer real tokens than the target.
@@ -23,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .errors import InputError
+from .ragged import RaggedLayer
 
 
 @dataclass
@@ -42,9 +46,15 @@ class DecodingBuffer:
         self.sin.append(sin.expand(hidden.shape[0], *sin.shape[1:]))
         self.steps += hidden.shape[1]
 
-    def tokens(self) -> tuple[torch.Tensor, tuple]:
-        """The buffered hidden states ``[b, n, hidden]`` and their ``(cos, sin)``."""
-        return torch.cat(self.hidden, dim=1), (torch.cat(self.cos, dim=1), torch.cat(self.sin, dim=1))
+    def tokens(self, query_positions: str = "own") -> tuple[torch.Tensor, tuple]:
+        """The buffered hidden states ``[b, n, hidden]`` and the ``(cos, sin)`` their queries are rotated with: each
+        token's own (``"own"``), or the current token's for every one (``"current"``, as kvpress's scorers read the
+        pass's position embeddings)."""
+        hidden = torch.cat(self.hidden, dim=1)
+        if query_positions == "current":
+            n = hidden.shape[1]
+            return hidden, (self.cos[-1][:, -1:].expand(-1, n, -1), self.sin[-1][:, -1:].expand(-1, n, -1))
+        return hidden, (torch.cat(self.cos, dim=1), torch.cat(self.sin, dim=1))
 
     def restart(self) -> None:
         self.steps = 0
@@ -104,3 +114,35 @@ def in_score_order(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     break their ties on that order); else as they are."""
     ranked = scores.topk(kept.shape[-1], dim=-1).indices
     return ranked if torch.equal(ranked.sort(dim=-1).values, kept) else kept
+
+
+def cut_heads(cut, layer: RaggedLayer, context, target: int, consumed: int) -> RaggedLayer:
+    """A head-adaptive method's cut while decoding of a layer whose heads already hold their own slots: each head's
+    slots are scored as if they alone were the cache, then the method keeps ``target`` x KV heads of them across
+    the heads (``HeadAdaptiveMethod.keep``, the slots each head holds marked), and the layer holds only those.
+    ``context(row, keys, values)`` is the row's ``LayerContext`` over ``[1, kv_heads, n, d]`` tensors.
+
+    The scorer reads one KV head at a time: its keys and values stand for every KV head of the context (a view, no
+    copy), and the head's own row of the scores is taken, so every scorer scores a segment as it scores a uniform
+    cache (its window, sinks and pooling at the segment's ends), at ``kv_heads`` times one scoring's work."""
+    heads = layer.kv_heads
+    keep = []
+    for row in range(layer.keys.shape[0]):
+        scores, values = [], []
+        for head in range(heads):
+            start, end = layer.segment(row, head)
+            keys_h, values_h = layer.keys[row, start:end], layer.values[row, start:end]
+            view = context(row, keys_h.expand(1, heads, *keys_h.shape), values_h.expand(1, heads, *values_h.shape))
+            scores.append(cut.prompt_scores(view)[0, head])
+            values.append(values_h)
+        longest = max(part.shape[0] for part in scores)
+        held = torch.stack([torch.arange(longest, device=part.device) < part.shape[0] for part in scores])[None]
+        scores = torch.stack([F.pad(part, (0, longest - part.shape[0]), value=float("-inf")) for part in scores])
+        padded = None
+        if cut.keep_reads_values:  # CriticalAdaKV's norms: the row's values padded to its longest head
+            padded = torch.stack([F.pad(part, (0, 0, 0, longest - part.shape[0])) for part in values])[None]
+        kept = cut.keep(context(row, None, padded), scores[None], target, held)
+        keep.append(kept[0])
+    longest = max(part.shape[-1] for part in keep)
+    keep = torch.stack([F.pad(part, (0, longest - part.shape[-1]), value=False) for part in keep])
+    return layer.kept_slots(keep, consumed)

@@ -9,6 +9,7 @@ cache stores only those, each head's own (``snapkv.ragged``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -20,14 +21,19 @@ from .select import pack
 from .wrapping import ScorerWrapper
 
 
-def safeguarded(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
+def safeguarded(scores: torch.Tensor, n_kept: int, alpha: float, held: torch.Tensor | None = None) -> torch.Tensor:
     """Each head's top ``int(n_kept * alpha)`` (at least 1 when ``alpha > 0``) raised to the dtype's
-    maximum, so every head keeps at least that many (in place; returns ``scores``)."""
+    maximum, so every head keeps at least that many (in place; returns ``scores``). ``held`` ``[rows, heads, n]``:
+    the slots each head holds (a cut while decoding of a ragged layer; the others score ``-inf``): a head holding
+    fewer than that keeps what it holds."""
     n_safe = int(n_kept * alpha)
     if alpha > 0:
         n_safe = max(1, n_safe) if n_kept > 0 else 0
     top = torch.topk(scores, n_safe, dim=-1).indices
-    return scores.scatter_(-1, top, torch.finfo(scores.dtype).max)
+    highest = torch.full_like(top, 0, dtype=scores.dtype).fill_(torch.finfo(scores.dtype).max)
+    if held is not None:
+        highest = torch.where(held.gather(-1, top), highest, scores.gather(-1, top))
+    return scores.scatter_(-1, top, highest)
 
 
 def pruned_across_heads(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
@@ -40,9 +46,12 @@ def pruned_across_heads(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
     return keep.scatter_(1, pruned, False).view(rows, heads, n)
 
 
-def adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float) -> torch.Tensor:
-    """AdaKV: the safeguard, then the bottom-k across heads."""
-    return pruned_across_heads(safeguarded(scores, n_kept, alpha), n_kept)
+def adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float, held: torch.Tensor | None = None) -> torch.Tensor:
+    """AdaKV: the safeguard, then the bottom-k across heads (``held``: see ``safeguarded``; a slot no head holds
+    is never kept when they hold more than ``n_kept`` each on average)."""
+    if held is not None:
+        scores = scores.masked_fill_(~held, float("-inf"))
+    return pruned_across_heads(safeguarded(scores, n_kept, alpha, held), n_kept)
 
 
 def authors_keep(scores: torch.Tensor, n_past: int, alpha: float) -> torch.Tensor:
@@ -73,11 +82,13 @@ def value_output_norms(values: torch.Tensor, attn) -> torch.Tensor:
 
 
 def critical_adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float, values: torch.Tensor, attn,
-                        epsilon: float, first_stage_ratio: float) -> torch.Tensor:
+                        epsilon: float, first_stage_ratio: float, held: torch.Tensor | None = None) -> torch.Tensor:
     """CriticalAdaKV: the safeguard; each head's budget from one top-k across heads; a first stage that
     keeps each head's top ``first_stage_ratio`` of its budget by score; a second stage by score times
-    the projected value norm; then the bottom-k across heads."""
-    scores = safeguarded(scores, n_kept, alpha)
+    the projected value norm; then the bottom-k across heads (``held``: see ``adakv_keep``)."""
+    if held is not None:
+        scores = scores.masked_fill_(~held, float("-inf"))
+    scores = safeguarded(scores, n_kept, alpha, held)
     rows, heads, n = scores.shape
     highest = torch.finfo(scores.dtype).max
     top = torch.topk(scores.reshape(rows, -1), n_kept * heads, dim=-1).indices
@@ -88,6 +99,8 @@ def critical_adakv_keep(scores: torch.Tensor, n_kept: int, alpha: float, values:
     for head in range(heads):
         scores[:, head, :].scatter_(-1, ranked[:, head, :first[head]], highest)
     scores = (scores + epsilon) * value_output_norms(values, attn)
+    if held is not None:  # -inf times a padded value's zero norm
+        scores = scores.masked_fill_(~held, float("-inf"))
     budgets = head_budgets.tolist()
     ranked = torch.topk(scores, max(budgets), sorted=True, dim=-1).indices
     for head in range(heads):
@@ -111,6 +124,9 @@ class HeadAdaptiveMethod(ScorerWrapper, Method):
     that scores positions), the per-head average budget, its safeguard, and storage per head."""
 
     head_adaptive = True
+    # whether ``keep`` reads ``ctx.values`` (CriticalAdaKV's value norms): a cut of a ragged layer while decoding
+    # then pads a row's values to its longest head for it
+    keep_reads_values: ClassVar[bool] = False
     budget: int = 1024
     window: int = 64
     kernel: int = 5
@@ -140,9 +156,15 @@ class HeadAdaptiveMethod(ScorerWrapper, Method):
         above every other position)."""
         return self.scorer_config().prompt_scores(ctx)
 
-    def keep(self, ctx, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
-        """``[b, kv_heads, L]`` bool: what each head keeps of ``scores`` at ``n_kept`` per head on average."""
+    def keep(self, ctx, scores: torch.Tensor, n_kept: int, held: torch.Tensor | None = None) -> torch.Tensor:
+        """``[b, kv_heads, L]`` bool: what each head keeps of ``scores`` at ``n_kept`` per head on average.
+        ``held`` ``[b, kv_heads, L]``: the slots each head holds, where heads hold different numbers (a cut while
+        decoding of a ragged layer, ``snapkv.decoding_cuts.cut_heads``; the others score ``-inf`` and are never
+        kept); None: every slot."""
         raise NotImplementedError
+
+    def cannot_decode(self) -> str:
+        return super().cannot_decode() or self.scorer_config().cannot_decode()
 
     def select(self, ctx, budget: int, window: int):
         return pack(self.keep(ctx, self.prompt_scores(ctx), budget))

@@ -46,7 +46,7 @@ from transformers.cache_utils import DynamicCache
 from .architectures import check_supported, decoder_layers, window_queries
 from .cache_state import CacheState, set_state, state_of
 from .channels import KeyChannelLayer
-from .decoding_cuts import DecodingBuffer, check_buffer, due, gather_slots, in_score_order, ranked_slots
+from .decoding_cuts import DecodingBuffer, check_buffer, cut_heads, due, gather_slots, in_score_order, ranked_slots
 from .errors import InputError
 from .method import Method
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
@@ -550,7 +550,7 @@ class CompressionSession:
         buffer.add(hidden, kwargs["position_embeddings"])
         if due(cfg, buffer):
             layer = cache.layers[idx]
-            length = layer.keys.shape[-2]
+            length = layer.get_seq_length() if isinstance(layer, RaggedLayer) else layer.keys.shape[-2]
             target = cfg.decoding_target(int(state.next_positions.max()))
             if length > target:
                 clock = Clock(layer.keys.device)
@@ -563,20 +563,32 @@ class CompressionSession:
 
     def _cut_while_decoding(self, module, cache, state: CacheState, buffer: DecodingBuffer, target: int) -> None:
         idx, layer = module.layer_idx, cache.layers[module.layer_idx]
-        length = layer.keys.shape[-2]
         cut = state.cfg.for_decoding(target)
+        hidden, (cos, sin) = buffer.tokens(state.cfg.decode_query_positions)
+        if isinstance(layer, RaggedLayer):  # a head-adaptive cache: each head's slots scored on their own
+            def context(row, keys, values):
+                return LayerContext(module, hidden[row:row + 1], (cos[row:row + 1], sin[row:row + 1]), keys, values,
+                                    None, idx, len(self.layers), rotary=self._rotary, decoding=state.cfg)
+            with torch.no_grad():
+                cache.layers[idx] = cut_heads(cut, layer, context, target, state.consumed)
+            state.record_headwise_cut(idx, target)
+            return
+        length = layer.keys.shape[-2]
         window = min(cut.recent_window(idx, len(self.layers), length), target)
-        hidden, position_embeddings = buffer.tokens()
         real = state.pad_mask if state.pad_mask is not None and state.pad_mask.shape[-1] == length else None
-        ctx = LayerContext(module, hidden, position_embeddings, layer.keys, layer.values, real, idx, len(self.layers),
+        ctx = LayerContext(module, hidden, (cos, sin), layer.keys, layer.values, real, idx, len(self.layers),
                            rotary=self._rotary, decoding=state.cfg)
         with torch.no_grad():
-            if cut.scores_positions:  # kvpress's order: the cache holds its slots as the scores rank them
+            if cut.scores_positions and not cut.head_adaptive:  # kvpress's order: as the scores rank the slots
                 kept = ranked_slots(cut.prompt_scores(ctx), target, real)
             else:
                 kept, valid = cut.select(ctx, target, window)
-                if valid is not None:
-                    raise InputError(f"{state.cfg.method}: a head-adaptive cut while decoding is not supported")
+                if valid is not None:  # the heads' own counts from now on
+                    held = state.slot_positions(idx, kept.shape[0], kept.shape[1], length, kept.device)
+                    held = held.gather(-1, kept.to(torch.int64))
+                    cache.layers[idx] = RaggedLayer(*pack_heads(layer.keys, layer.values, kept, valid, held))
+                    state.record_headwise_cut(idx, target)
+                    return
             layer.keys, layer.values = gather_slots(layer.keys, layer.values, kept)
         state.record_decoding_cut(idx, kept, length, target)
 

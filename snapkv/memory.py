@@ -190,12 +190,19 @@ def decoding_cache_bytes(s: Shape, compressor, kept: list[int], length: int, dec
     """The cache's largest size while a setting cutting while decoding (``Method.decodes``) writes
     ``decode_tokens`` tokens: per layer, never more than its prompt's cache or the target, plus one interval
     (``min(kept + tokens, max(kept, target) + interval)``), beside one layer's kept copy at a cut and every
-    layer's buffer of hidden states (the last ``decode_buffer`` tokens and the current one)."""
+    layer's buffer of hidden states (the last ``decode_buffer`` tokens and the current one). A head-adaptive
+    setting's layers hold each head's own slots (``snapkv.ragged``): the tokens appended after a cut go into
+    room that doubles; where its ``keep`` reads the values (CriticalAdaKV), a cut also holds one row's values
+    padded to its longest head, at most every slot of the layer."""
+    from .ragged import room_after
     interval = compressor.decode_interval
     target = compressor.decoding_target(length + decode_tokens)  # a ratio's target grows with the sequence
-    peaks = [min(k + decode_tokens, max(k, target) + interval) for k in kept]
+    grown = room_after if compressor.head_adaptive else (lambda tokens: tokens)
+    peaks = [min(k + grown(decode_tokens), max(k, target) + grown(min(interval, decode_tokens))) for k in kept]
     held = kv_bytes(s, peaks, heads, batch, n)
     copy = kv_bytes(s, [min(target, max(peaks))], heads, batch, n)
+    if compressor.head_adaptive and getattr(compressor, "keep_reads_values", False):
+        copy += kv_bytes(s, [heads * max(peaks)], heads, 1, n) // 2
     buffered = s.layers * batch * min(compressor.decode_buffer + 1, interval) * s.hidden * n
     return held + copy + buffered
 

@@ -24,7 +24,8 @@ scoring while decoding      ``decodes`` (set by ``decode_target``/``decode_ratio
                             decoded tokens each layer is cut back by ``select`` on a ``LayerContext`` of the
                             cache's slots and the last decoded tokens' hidden states (kvpress's
                             ``DecodingPress``); ``scores_while_decoding`` says a method can (yes, but a
-                            replay, the pass's attention weights or a head-adaptive cut)
+                            replay or the pass's attention weights); a head-adaptive one cuts a layer whose
+                            heads hold their own slots by ``prompt_scores`` per head and ``keep(..., held)``
 storage                     uniform layers, or each head its own slots when ``select`` gives ``valid``
                             (``snapkv.ragged``); ``stored_tokens`` tells the planner (budget)
 fewer key channels          ``stores_key_channels``: ``key_channels(ctx)``, the channels each KV head's prompt
@@ -36,6 +37,8 @@ once per model              ``prepare(replay)``: when ``snapkv.compress`` starts
                             model (``snapkv.hooks.Replay``): scores fixed per model, e.g. DuoAttention's
                             heads (nothing); ``needs_local_data``: a setting needs a local file named in a
                             field, so one built from its defaults cannot run (no)
+the leaderboard's x         ``board_size``: the field kvpress's leaderboard reads as a setting's compression ratio
+                            (``ratio``; DuoAttention's ``head_ratio``, as kvpress's ``evaluate.py`` sets it)
 the question's length       ``needs_question_length``: ``ctx.question_tokens``, how many of the prompt's last tokens
                             are its question (``compress(..., question_tokens=)`` or ``session.question_tokens``;
                             missing: one line naming what to pass); one per prompt, no padded batch (no)
@@ -59,8 +62,11 @@ from .select import always_kept, top_positions
 
 POOLINGS = ("maxpool", "avgpool", "none")
 # the fields of compression while decoding: in a run's tag only when set (``decoding_tag``)
-DECODING_FIELDS = ("decode_target", "decode_ratio", "decode_interval", "decode_buffer")
-DECODING_DEFAULTS = {"decode_interval": 512, "decode_buffer": 256}  # kvpress's DecodingPress defaults
+DECODING_FIELDS = ("decode_target", "decode_ratio", "decode_interval", "decode_buffer", "decode_query_positions")
+# kvpress's DecodingPress defaults; and the positions its buffered queries are rotated at: every one at the current
+# token's ("current", as kvpress's scorers read the pass's position embeddings), or each at its own ("own")
+DECODING_DEFAULTS = {"decode_interval": 512, "decode_buffer": 256, "decode_query_positions": "current"}
+QUERY_POSITIONS = ("current", "own")
 GQA_MODES = ("mean", "max", "repeat")
 
 __all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES", "DECODING_FIELDS",
@@ -90,6 +96,7 @@ class Method:
     decode_ratio: float | None = None
     decode_interval: int | None = None  # None: kvpress's 512 once decoding cuts are set
     decode_buffer: int | None = None    # None: kvpress's 256 once decoding cuts are set
+    decode_query_positions: str | None = None  # None: kvpress's "current" once decoding cuts are set
 
     method: ClassVar[str] = ""
     display_name: ClassVar[str] = ""
@@ -116,14 +123,17 @@ class Method:
     # ``batch.prefill=padded``): per-layer budgets refuse padding, a replay takes one prompt
     pads_batches: ClassVar[bool] = True
     # whether ``select`` can cut a cache while decoding (``decode_target``): the hooks give it the cache's slots
-    # as ``ctx.keys``/``ctx.values`` and the last decoded tokens' hidden states; a method needing a replay, the
-    # pass's attention weights or a head-adaptive cut cannot (``decodes`` refuses it)
+    # as ``ctx.keys``/``ctx.values`` and the last decoded tokens' hidden states; a method needing a replay or the
+    # pass's attention weights cannot (``decodes`` refuses it); a head-adaptive one (``HeadAdaptiveMethod``) cuts
+    # a ragged layer head by head (``snapkv.decoding_cuts.cut_heads``)
     scores_while_decoding: ClassVar[bool] = True
     # whether ``prompt_scores`` ranks prompt positions, so that a wrapper (AdaKV) can take it as its scorer
     scores_positions: ClassVar[bool] = False
     # whether a setting needs a local file named in one of its fields (DuoAttention's head patterns or texts) before
     # it can run: one built from its defaults cannot (a missing path is one line), so the generic tests skip it
     needs_local_data: ClassVar[bool] = False
+    # the field kvpress's leaderboard reads as a setting's compression ratio (its x axis; ``eval.report.leaderboard``)
+    board_size: ClassVar[str] = "ratio"
     # whether ``select`` reads the question's length (``ctx.question_tokens``: how many of the prompt's last tokens
     # are its question, FINCH's observation window). The session is told it per prefill (``snapkv.compress(...,
     # question_tokens=N)`` or ``session.question_tokens = N`` before the prefill); a prefill without it is refused
@@ -182,6 +192,7 @@ class Method:
                 setattr(self, name, default)
         check_int("decode_interval", self.decode_interval, 1)
         check_int("decode_buffer", self.decode_buffer, 0)
+        check_choice("decode_query_positions", self.decode_query_positions, QUERY_POSITIONS)
         reason = self.cannot_decode()
         if reason:
             option = "decode_target" if self.decode_target is not None else "decode_ratio"
@@ -204,8 +215,6 @@ class Method:
             return "its scores need every query's attention weights"
         if self.reads_every_query:
             return "its scores need the query of every prompt position"
-        if self.head_adaptive:
-            return "a head-adaptive cut while decoding is not supported yet"
         if self.gqa == "repeat":
             return "gqa=repeat stores a cache per query head; use mean or max"
         if not self.scores_while_decoding:
@@ -348,6 +357,8 @@ class Method:
         if self.decodes:
             kept = self.decode_target if self.decode_target is not None else f"ratio {self.decode_ratio:g}"
             changed.append(f"decoding {kept} every {self.decode_interval}")
+            if self.decode_query_positions != DECODING_DEFAULTS["decode_query_positions"]:
+                changed.append(f"queries at their {self.decode_query_positions} positions")
         return f"{name} {size}" + (f" ({', '.join(changed)})" if changed else "")
 
     @classmethod
@@ -365,15 +376,16 @@ class Method:
         return out
 
 
-def decoding_tag(target, ratio, interval, buffer) -> str:
+def decoding_tag(target, ratio, interval, buffer, query_positions=None) -> str:
     """The run tag's part for compression while decoding: ``""`` when off, else ``-dt512-di128-db256`` (target)
-    or ``-dr0.5-di128-db256`` (ratio)."""
+    or ``-dr0.5-di128-db256`` (ratio), and ``-qpown`` for queries at their own positions."""
     if target is None and ratio is None:
         return ""
     interval = DECODING_DEFAULTS["decode_interval"] if interval is None else interval
     buffer = DECODING_DEFAULTS["decode_buffer"] if buffer is None else buffer
     size = f"dt{target}" if target is not None else f"dr{ratio:g}" if isinstance(ratio, (int, float)) else f"dr{ratio}"
-    return f"-{size}-di{interval}-db{buffer}"
+    own = "" if query_positions in (None, DECODING_DEFAULTS["decode_query_positions"]) else f"-qp{query_positions}"
+    return f"-{size}-di{interval}-db{buffer}{own}"
 
 
 def decoding_methods() -> list[str]:

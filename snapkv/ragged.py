@@ -132,6 +132,37 @@ class RaggedLayer(DynamicLayer):
         start = self.starts[row][head]
         return start, start + self.prompt_counts[row][head] + self.filled
 
+    def held_positions(self, row: int, head: int, consumed: int) -> torch.Tensor:
+        """The position (padded coordinates) of each slot of a row's head, in slot order: its prompt slots, then the
+        tokens appended since the layer was cut (the last ``filled`` of the ``consumed`` tokens the cache has seen)."""
+        first = sum(self.prompt_counts[row][:head])
+        kept = self.positions[row, first:first + self.prompt_counts[row][head]]
+        appended = torch.arange(consumed - self.filled, consumed, dtype=kept.dtype, device=kept.device)
+        return torch.cat([kept, appended])
+
+    def kept_slots(self, keep: torch.Tensor, consumed: int) -> "RaggedLayer":
+        """A new layer holding only the slots ``keep`` marks (``[rows, kv_heads, n]`` bool, slot ``i`` of each
+        head's segment; False past its end), gathered straight from this layer's buffers, the kept tokens now
+        each head's own (a cut while decoding, ``snapkv.decoding_cuts.cut_heads``)."""
+        rows, _, d = self.keys.shape
+        counts = keep.sum(dim=-1)
+        slots = int(counts.sum(dim=-1).max())
+        keys, values = self.keys.new_zeros(rows, slots, d), self.values.new_zeros(rows, slots, d)
+        positions = torch.zeros(rows, slots, dtype=self.positions.dtype, device=self.positions.device)
+        capacity = self.keys.shape[1]
+        for row in range(rows):  # the row's buffer marked slot by slot, then one gather (one host sync a row)
+            marked = torch.zeros(capacity, dtype=torch.bool, device=keep.device)
+            held = torch.zeros(capacity, dtype=self.positions.dtype, device=self.positions.device)
+            for head in range(self.kv_heads):
+                start, end = self.segment(row, head)
+                marked[start:end] = keep[row, head, :end - start]
+                held[start:end] = self.held_positions(row, head, consumed)
+            index = marked.nonzero().flatten()
+            keys[row, :index.numel()] = self.keys[row, index]
+            values[row, :index.numel()] = self.values[row, index]
+            positions[row, :index.numel()] = held[index]
+        return RaggedLayer(keys, values, counts, positions)
+
     def get_seq_length(self) -> int:
         return max(sum(counts) for counts in self.prompt_counts) // self.kv_heads + self.filled
 

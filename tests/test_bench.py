@@ -30,6 +30,23 @@ def test_bench_app_rows_table_and_figure(tmp_path):
     assert len((tmp_path / "bench.jsonl").read_text().splitlines()) == len(data)
 
 
+def test_a_method_sized_by_no_budget_runs_once_and_finch_reads_the_question_length(tmp_path):
+    from eval.bench.__main__ import run
+    overrides = ["model=tiny-llama", "compressor.window=8", "bench.lengths=[128]", "bench.budgets=[48,64]",
+                 "bench.decode_tokens=2", "bench.repeats=3", "bench.prefill_repeats=1", "bench.fresh_process=false",
+                 "bench.question_tokens=16", "bench.methods=[think,finch]", f"output_dir={tmp_path}"]
+    rows = [r for r in run(compose("bench", overrides)) if r["method"] != "empty_cache"]
+    assert sorted((r["method"], r["budget"]) for r in rows) == [("finch", 48), ("finch", 64), ("full", None),
+                                                                ("think", None)]
+    by = {(r["method"], r["budget"]): r for r in rows}
+    assert by[("finch", 48)]["kv_cache_bytes"] < by[("finch", 64)]["kv_cache_bytes"] < by[("full", None)][
+        "kv_cache_bytes"]
+    assert by[("think", None)]["kv_cache_bytes"] < by[("full", None)]["kv_cache_bytes"]
+    with pytest.raises(snapkv.InputError, match="bench.question_tokens=128: allowed 0 up to the shortest"):
+        run(compose("bench", [*overrides[:-3], "bench.question_tokens=128", "bench.methods=[finch]",
+                              f"output_dir={tmp_path / 'q'}"]))
+
+
 def test_head_adaptive_rows_are_compared_with_snapkv_at_their_budget(tmp_path):
     from eval.bench.__main__ import run
     overrides = ["model=tiny-llama", "compressor.window=8", "bench.lengths=[256]", "bench.budgets=[64]",

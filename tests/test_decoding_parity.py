@@ -3,7 +3,12 @@
 generation crossing at least three cuts, the positions every (layer, KV head) holds and every generated token.
 The registry's ``decoding_knorm``, ``decoding_streaming_llm``, ``decoding_tova`` and ``decoding_keydiff``, plus
 ``PrefillDecodingPress`` (Knorm on the prompt and while decoding) and ``CompressionRatioDecodingPress``. All the
-settings of a model share one prefill here; each cache then decodes on its own."""
+settings of a model share one prefill here; each cache then decodes on its own.
+
+kvpress's head-adaptive entries (``decoding_adakv_snapkv``, ``decoding_adakv_expected_attention_e2``; cases by
+``write_decoding_adakv.py``) mask what they evict, so a masked position can come back at a later cut with its key
+overwritten; ours evict. Pinned: the first cut's kept positions per (layer, KV head), every token up to the second
+cut, the number of cuts (``docs/decoding.md`` gives how much agrees at the end)."""
 from __future__ import annotations
 
 import base64
@@ -91,3 +96,70 @@ def test_smollm2_decodes_as_kvpress_decodes():
     from eval.runner import load_model
     model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
     assert check(run(model, RECORD["models"]["smollm2"]), 30) == 6
+
+
+# kvpress's head-adaptive entries mask instead of evicting (``snapkv.decoding_cuts``): equal up to the second cut
+ADAKV_RECORD = json.loads(gzip.open(FIXTURES / "decoding" / "decoding_adakv.json.gz", "rt", encoding="utf-8").read())
+
+
+def unpacked(bits: str, shape) -> np.ndarray:
+    flat = np.unpackbits(np.frombuffer(base64.b64decode(bits), np.uint8))[:int(np.prod(shape))]
+    return flat.reshape(shape).astype(bool)
+
+
+def run_head_adaptive(model, record):
+    """Per case: (layers whose every head holds kvpress's first cut, layers, our tokens and kvpress's up to its
+    second cut, our cuts)."""
+    ids = torch.tensor([record["ids"]])
+    cases = record["cases"]
+    settings = [snapkv.build_config(**case["ours"]) for case in cases]
+    outcomes = []
+    with torch.no_grad(), snapkv.compress(model, settings) as session:
+        out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+        caches, session.caches = session.caches, []
+        first = int(out.logits[0, -1].argmax())
+        for case, cache in zip(cases, caches):
+            first_cut, second = case["cut_passes"][0], case["cut_passes"][1]
+            want_first = unpacked(case["first_cut"], case["first_cut_shape"])
+            tokens, equal_layers = [first], None
+            for passed in range(len(case["tokens"]) - 1):
+                tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache).logits[0, -1].argmax()))
+                if passed == first_cut:
+                    got_first = np.zeros(want_first.shape, dtype=bool)
+                    for layer, rows in enumerate(snapkv.kept_positions(cache)):
+                        for head, positions in enumerate(rows[0]):
+                            got_first[layer, head, positions.numpy()] = True
+                    equal_layers = int((got_first == want_first).all(axis=(1, 2)).sum())
+            outcomes.append((case, equal_layers, want_first.shape[0], tokens[:second + 2],
+                             case["tokens"][:second + 2], state_of(cache).decoding_cuts))
+    return outcomes
+
+
+def check_head_adaptive(outcomes) -> int:
+    for case, equal_layers, layers, ours, theirs, cuts in outcomes:
+        assert cuts == case["cuts"], f"{case['entry']}: {cuts} layer cuts, kvpress {case['cuts']}"
+        assert equal_layers == layers, f"{case['entry']}: {layers - equal_layers} layers kept other positions"
+        assert ours == theirs, f"{case['entry']}: the tokens before the second cut differ"
+    return len(outcomes)
+
+
+def test_the_head_adaptive_fixture_crosses_three_cuts_and_names_both_entries():
+    for record in ADAKV_RECORD["models"].values():
+        assert len(record["cases"][0]["cut_passes"]) >= 3
+        assert {case["entry"] for case in record["cases"]} == {"decoding_adakv_snapkv",
+                                                               "decoding_adakv_expected_attention_e2"}
+
+
+def test_tiny_gqa_model_cuts_head_by_head_as_kvpress_until_its_masks_diverge():
+    model = AutoModelForCausalLM.from_pretrained(FIXTURES / "tiny_gqa", dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    assert check_head_adaptive(run_head_adaptive(model, ADAKV_RECORD["models"]["tiny_gqa"])) == 2
+
+
+@pytest.mark.slow
+def test_smollm2_cuts_head_by_head_as_kvpress_until_its_masks_diverge():
+    from omegaconf import OmegaConf
+
+    from eval.runner import load_model
+    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
+    assert check_head_adaptive(run_head_adaptive(model, ADAKV_RECORD["models"]["smollm2"])) == 2

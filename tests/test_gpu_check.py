@@ -35,7 +35,7 @@ def test_smoke_runs_every_section(tmp_path):
     items = sections["items"]["result"]
     assert items["items"] == 10 and sum(items["batch_sizes"]) == 10 and items["in_flight_items_per_s"] > 0
     rows = sections["long_generation"]["result"]["rows"]
-    assert [row["method"] for row in rows] == ["full", "knorm", "streamingllm", "tova"]
+    assert [row["method"] for row in rows] == ["full", "knorm", "streamingllm", "tova", "adakv"]
     assert all(row["final_kv_bytes"] < rows[0]["final_kv_bytes"] and row["decode_cuts"] > 0 for row in rows[1:])
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
 

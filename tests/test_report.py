@@ -208,6 +208,21 @@ def test_ratio_runs_make_the_leaderboard_table_and_figure(tmp_path):
     assert len(csv_rows) == 1 + 1 + 3 + 3 and all(row.endswith(",,,,,,,") for row in csv_rows[1:])  # blanks
 
 
+def test_duo_attention_sits_at_its_head_ratio_as_kvpress_places_it(tmp_path):
+    runs = tmp_path / "runs"
+    duo = {"method": "duo_attention", "budget": None, "ratio": 0.0, "patterns": "/data/duo/SmolLM2"}
+    cases = [("full", {"method": "full", "budget": None}, 95.0), ("duo-25", {**duo, "head_ratio": 0.25}, 85.0),
+             ("duo-75", {**duo, "head_ratio": 0.75}, 60.0), ("knorm-25", {"method": "knorm", "budget": None,
+                                                                         "ratio": 0.25}, 80.0)]
+    for tag, compressor, avg in cases:
+        fake_ruler_run(runs, tag, compressor, avg, query_aware=False, complete=True)
+    rows = [line for line in (report(tmp_path) / "leaderboard.md").read_text().splitlines()
+            if line.startswith("| ") and "method" not in line]
+    assert rows == ["| no_press (FullKV) | 95.00 | – | – | – |",
+                    "| knorm | 95.00 | 80.00 | – | 80.00 |",
+                    "| duo_attention (DuoAttention, patterns /data/duo/SmolLM2) | 95.00 | 85.00 | 60.00 | 72.50 |"]
+
+
 def capture_figures(monkeypatch):
     """The lines of every figure the leaderboard saves: ``{file name: [(label, colour, marker)]}``."""
     import matplotlib.colors

@@ -1,7 +1,7 @@
 """python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
 from __future__ import annotations
 
-from snapkv.errors import InputError
+from snapkv.errors import InputError, check_int
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -27,12 +27,19 @@ def specs_of(cfg) -> list[dict]:
     for batch in bench_cfg.batch_sizes:
         specs.append(dict(method="empty_cache", run_method="full", budget=None, input_tokens=1, batch=batch))
         for length in bench_cfg.lengths:
-            for method in methods:
-                for budget in ([None] if method == "full" else bench_cfg.budgets):
+            for method in methods:  # a method whose size is no token budget (ThinK, DuoAttention) runs once
+                sized = method != "full" and "budget" not in snapkv.METHODS[method].derived
+                for budget in (bench_cfg.budgets if sized else [None]):
                     specs.append(dict(method=method, budget=budget, input_tokens=int(length), batch=int(batch)))
+    question = bench_cfg.question_tokens
+    check_int("bench.question_tokens", question, 0)
+    reads_question = any(snapkv.METHODS[m].needs_question_length for m in methods)
+    if reads_question and question >= min(int(length) for length in bench_cfg.lengths):
+        raise InputError(f"bench.question_tokens={question}: allowed 0 up to the shortest of bench.lengths, "
+                         "exclusive")
     for s in specs:
         s.update(decode_tokens=int(bench_cfg.decode_tokens), repeats=int(bench_cfg.repeats),
-                 prefill_repeats=bench_cfg.get("prefill_repeats"))
+                 prefill_repeats=bench_cfg.get("prefill_repeats"), question_tokens=question)
         method = s.setdefault("run_method", s["method"])
         fields = {} if method == "full" else {**node, "budget": s["budget"]}
         snapkv.build_config(method, **fields)  # validate every configuration before measuring any
@@ -116,7 +123,7 @@ def run_sweep(cfg: DictConfig) -> dict:
 
     from ..hydra_app import make_compressor, save_run_metadata
     from ..longbench.data import check_dataset, dataset_file, read_dataset
-    from ..longbench.prompt import build_input_ids, extra_stop_ids, generation_length, min_new_tokens
+    from ..longbench.prompt import build_split_ids, extra_stop_ids, generation_length, min_new_tokens
     from .sweep import markdown as sweep_markdown, measure_sweep
     sw = cfg.bench.sweep
     settings = _settings_of(sw)
@@ -128,9 +135,10 @@ def run_sweep(cfg: DictConfig) -> dict:
     tokenizer = runner.tokenizer
     stops = model_stops + extra_stop_ids(tokenizer, dataset)
     n_new = generation_length(dataset, sw.max_new_tokens)
-    prompts = [(torch.tensor([build_input_ids(tokenizer, row, dataset, int(cfg.model.max_length),
-                                              cfg.model.chat_format)]), n_new, stops,
-                min_new_tokens(dataset, cfg.model.protocol)) for row in rows]
+    prompts = []
+    for row in rows:  # the ids build_input_ids gives, and how many of the last are the question
+        ids, question = build_split_ids(tokenizer, row, dataset, int(cfg.model.max_length), cfg.model.chat_format)
+        prompts.append((torch.tensor([ids]), n_new, stops, min_new_tokens(dataset, cfg.model.protocol), question))
     result = measure_sweep(runner, prompts, settings, together=bool(sw.get("decode_together", True)))
     result.update(model=cfg.model.name, device=str(runner.device), dataset=dataset)
     write_json_atomic(out / "sweep.json", result)

@@ -136,6 +136,8 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
     model = runner.model
     device = runner.device
     compressor = snapkv.build_config(spec.get("run_method", spec["method"]), **spec.get("compressor", {}))
+    # the prompt's last tokens stand for its question, for a method reading its length (FINCH's window)
+    question = int(spec.get("question_tokens", 0)) if compressor.needs_question_length else 0
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (spec.get("batch", 1), spec["input_tokens"]), generator=gen).to(device)
@@ -156,7 +158,7 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
         repeats = int(spec.get("repeats", 3))
         prefills = min(int(spec.get("prefill_repeats") or repeats), repeats)
         if spec.get("warmup", True) and prefills == repeats:  # at the measured length: compression and
-            runner.generate(ids, compressor, 2)                 # kernels warm (timings)
+            runner.generate(ids, compressor, 2, question_in_prompt=question)  # kernels warm (timings)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -165,7 +167,8 @@ def measure(runner: Runner, spec: dict, cap_bytes: int | None = None) -> dict:
         prefill, decode = [], []
         for i in range(prefills):  # the decodes share the prefills, each from a copy of its cache
             share = repeats // prefills + (i < repeats % prefills)
-            runs = runner.decode_repeatedly(ids, compressor, int(spec["decode_tokens"]), share)
+            runs = runner.decode_repeatedly(ids, compressor, int(spec["decode_tokens"]), share,
+                                            question_in_prompt=question)
             prefill.append(runs[0].prefill_s)
             decode.extend(run.decode_s_per_token for run in runs)
             out = runs[-1]

@@ -77,9 +77,9 @@ def _shared_run(runner, prompts: list, settings: list, labels: list, together: b
     prefills = []
     sync(runner.device)
     started = time.perf_counter()
-    for ids, n_new, stops, min_new in prompts:
+    for ids, n_new, stops, min_new, question in prompts:
         gens = runner.generate_shared(ids, settings, n_new, stop_ids=stops, min_new_tokens=min_new,
-                                      together=together)
+                                      together=together, question_in_prompt=question)
         prefills.append(gens[0].prefill_s)
         for label, gen in zip(labels, gens):
             out[label]["decode_s"].append(gen.decode_s)
@@ -97,7 +97,8 @@ def agreement(exact: list[list[int]], other: list[list[int]]) -> tuple[int, floa
 
 
 def measure_sweep(runner, prompts: list, settings: list, together: bool = True) -> dict:
-    """``prompts``: ``[(ids tensor [1, L], max_new_tokens, stop_ids, min_new_tokens)]``."""
+    """``prompts``: ``[(ids tensor [1, L], max_new_tokens, stop_ids, min_new_tokens, question_tokens)]``, the
+    last ``question_tokens`` ids the question part (FINCH's window, ``Method.needs_question_length``)."""
     device = runner.device
     labels = [cfg.label() for cfg in settings]
     first = prompts[0]
@@ -105,9 +106,10 @@ def measure_sweep(runner, prompts: list, settings: list, together: bool = True) 
     solo = {label: {"prefill_s": [], "decode_s": [], "tokens": []} for label in labels}
     sync(device)
     started = time.perf_counter()
-    for ids, n_new, stops, min_new in prompts:
+    for ids, n_new, stops, min_new, question in prompts:
         for cfg, label in zip(settings, labels):
-            gen = runner.generate(ids, cfg, n_new, stop_ids=stops, min_new_tokens=min_new)
+            gen = runner.generate(ids, cfg, n_new, stop_ids=stops, min_new_tokens=min_new,
+                                  question_in_prompt=question)
             solo[label]["prefill_s"].append(gen.prefill_s)
             solo[label]["decode_s"].append(gen.decode_s)
             solo[label]["tokens"].append(gen.tokens)

@@ -33,7 +33,8 @@ def _error(planned, measured) -> str:
 
 
 def label(row) -> str:
-    return row["method"] if row["method"] in ("full", "empty_cache") else f"{row['method']}-{row['budget']}"
+    sized = row["method"] not in ("full", "empty_cache") and row.get("budget") is not None  # ThinK: no budget
+    return f"{row['method']}-{row['budget']}" if sized else row["method"]
 
 
 def markdown(rows: list[dict]) -> str:

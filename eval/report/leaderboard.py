@@ -1,7 +1,9 @@
 """The kvpress leaderboard's table and figures from RULER runs made with ``compressor.ratio`` (the preset
 ``experiment=kvpress_leaderboard``): per model, length and question placement, one row a method, one
 column a compression ratio, the RULER average in each cell; ratio 0 is full KV, where every method's
-line starts (as the leaderboard draws it). Runs given a budget in tokens are not leaderboard points.
+line starts (as the leaderboard draws it). Runs given a budget in tokens are not leaderboard points. A method
+whose size is another field sits at that field (``Method.board_size``: DuoAttention's ``head_ratio``, as kvpress's
+``evaluate.py`` gives that press the board's ratio).
 Where the runs recorded their cost, a second table gives each (method, ratio)'s KV memory, compression
 overhead and decoding speed, and two more figures draw the score against memory and compression time.
 Rows and lines carry kvpress's names (its registry's), our label beside where it differs."""
@@ -57,6 +59,15 @@ def kvpress_entry(compressor: dict) -> str | None:
     return None
 
 
+def board_ratio(compressor: dict) -> float | None:
+    """The compression ratio the leaderboard places a run at: the field its method names (``Method.board_size``:
+    ``ratio``, DuoAttention's ``head_ratio``); None for a run given a budget in tokens."""
+    from snapkv.registry import METHODS
+    method = METHODS.get(compressor.get("method"))
+    value = compressor.get(method.board_size if method is not None else "ratio")
+    return None if value is None else float(value)
+
+
 def _plain(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
@@ -66,8 +77,11 @@ def method_name(compressor: dict) -> str:
     pooling avgpool)``, ``knorm``, ``expected_attention (AdaKV, scorer expected_attention, scorer_epsilon
     0.01)``; our label alone (``SnapKV (window 16)``) for a run that is no entry of the leaderboard."""
     ours = label_of(compressor)
-    if compressor.get("ratio") is not None:
-        ours = ours.replace(f" ratio {float(compressor['ratio']):g}", "", 1)
+    size = board_ratio(compressor)
+    if size is not None:  # the label's size (``ratio 0.5``, DuoAttention's ``head_ratio 0.5``)
+        from snapkv.registry import METHODS
+        method = METHODS.get(compressor.get("method"))
+        ours = ours.replace(f" {method.board_size if method else 'ratio'} {size:g}", "", 1)
     entry = kvpress_entry(compressor)
     if entry is None:
         return ours
@@ -90,7 +104,7 @@ def leaderboard_points(runs: list[dict]) -> dict:
     boards: dict = {}
     for r in runs:
         compressor = r.get("compressor") or {}
-        ratio = 0.0 if r["method"] == "full" else compressor.get("ratio")
+        ratio = 0.0 if r["method"] == "full" else board_ratio(compressor)
         if ratio is None:
             continue
         name = FULL if r["method"] == "full" else method_name(compressor)

@@ -51,10 +51,16 @@ class AdaKV(HeadAdaptiveMethod):
         super().validate()
         check_choice("allocation", self.allocation, ALLOCATIONS)
 
-    def keep(self, ctx, scores, n_kept: int):
+    def keep(self, ctx, scores, n_kept: int, held=None):
         def row(row_scores, rows, first):
-            return adakv_keep(row_scores, min(n_kept, row_scores.shape[-1]), self.alpha_safeguard)
+            return adakv_keep(row_scores, min(n_kept, row_scores.shape[-1]), self.alpha_safeguard,
+                              None if held is None else held[rows, :, first:])
         return per_row_keep(scores, ctx.pad_mask, row)
+
+    def cannot_decode(self) -> str:
+        if self.allocation == "authors":
+            return "allocation=authors splits a prompt's window from its earlier positions; use kvpress"
+        return super().cannot_decode()
 
     def select(self, ctx, budget: int, window: int):
         if self.allocation == "kvpress":

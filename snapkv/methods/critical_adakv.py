@@ -30,6 +30,7 @@ class CriticalAdaKV(HeadAdaptiveMethod):
     deviations = "per batch row budgets (kvpress sums them over the batch; equal at batch 1)"
     tag_parts = ("{scorer}", "w{window}", "k{kernel}", "{pooling}", "{gqa}", "a{alpha_safeguard}", "se{scorer_epsilon}",
                  "e{epsilon}", "fs{first_stage_ratio}")
+    keep_reads_values = True  # the second stage weighs each slot by its value's projected norm
     scorer: str = "snapkv"  # kvpress's AdaKVPress(SnapKVPress()): its SnapKV scores
     epsilon: float = 1e-4
     first_stage_ratio: float = 0.5
@@ -39,12 +40,13 @@ class CriticalAdaKV(HeadAdaptiveMethod):
         self.epsilon = check_number("epsilon", self.epsilon, 0)
         self.first_stage_ratio = check_number("first_stage_ratio", self.first_stage_ratio, 0, 1)
 
-    def keep(self, ctx, scores, n_kept: int):
+    def keep(self, ctx, scores, n_kept: int, held=None):
         def row(row_scores, rows, first):
             n = row_scores.shape[-1]
             values = ctx.values[rows, :, first:]
             return critical_adakv_keep(row_scores, min(n_kept, n), self.alpha_safeguard, values, ctx.attn,
-                                       self.epsilon, self.first_stage_ratio)
+                                       self.epsilon, self.first_stage_ratio,
+                                       None if held is None else held[rows, :, first:])
         return per_row_keep(scores, ctx.pad_mask, row)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:

@@ -219,6 +219,7 @@ class DuoAttention(Method):
     pads_batches = False           # each layer its own mean: per-layer budgets refuse padding
     scores_while_decoding = False  # the heads are chosen once per model, the cut once per prompt
     needs_local_data = True
+    board_size = "head_ratio"      # kvpress's evaluate.py gives this press the board's ratio as its head ratio
     budget: int | None = None
     ratio: float | None = 0.0
     window: int = 0
