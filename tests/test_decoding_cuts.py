@@ -68,36 +68,40 @@ def test_generate_cuts_while_it_writes_and_matches_the_token_by_token_loop():
         assert decode(model, loop_cache, first, 39) == generated
 
 
-def test_each_row_of_a_padded_batch_is_cut_on_its_own_real_tokens():
-    model = tiny_model()
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in (30, 18)]
-    cfg = snapkv.build_config("knorm", **DECODING)
+def batch_against_rows(model, cfg, lengths: tuple, steps: int, seed: int):
+    """Prompts of ``lengths`` decoded ``steps`` tokens each alone and as one left-padded batch under ``cfg``: the
+    batch's cache, and per row (batched tokens, alone tokens, batched kept positions, alone kept positions) of
+    layer 1."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in lengths]
     solo = []
     with torch.no_grad(), snapkv.compress(model, cfg):
         for p in prompts:
             cache = DynamicCache(config=model.config)
             first = int(model(p[None], cache=cache).logits[0, -1].argmax())
-            solo.append((decode(model, cache, first, 20), snapkv.kept_positions(cache)[1][0]))
-        width = 30
-        ids = torch.zeros(2, width, dtype=torch.long)
-        mask = torch.zeros(2, width, dtype=torch.long)
+            solo.append((decode(model, cache, first, steps), snapkv.kept_positions(cache)[1][0]))
+        width = max(lengths)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
         for row, p in enumerate(prompts):
             ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
         cache = DynamicCache(config=model.config)
         logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=cache).logits
         tokens = [logits[:, -1].argmax(-1)]
-        for _ in range(20):
-            mask = torch.cat([mask, mask.new_ones(2, 1)], dim=1)
+        for _ in range(steps):
+            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
             out = model(tokens[-1][:, None], cache=cache, attention_mask=mask,
                         position_ids=mask.sum(dim=1, keepdim=True) - 1)
             tokens.append(out.logits[:, -1].argmax(-1))
-    batched = torch.stack(tokens, dim=1).tolist()
-    held = snapkv.kept_positions(cache)[1]
-    for row in range(2):
-        assert batched[row] == solo[row][0]
-        for head in range(len(held[row])):
-            assert held[row][head].tolist() == solo[row][1][head].tolist()
+    batched, held = torch.stack(tokens, dim=1).tolist(), snapkv.kept_positions(cache)[1]
+    return cache, [(batched[row], solo[row][0], [h.tolist() for h in held[row]], [h.tolist() for h in solo[row][1]])
+                   for row in range(len(prompts))]
+
+
+def test_each_row_of_a_padded_batch_is_cut_on_its_own_real_tokens():
+    _, rows = batch_against_rows(tiny_model(), snapkv.build_config("knorm", **DECODING), (30, 18), 20, seed=2)
+    for batched, alone, held, held_alone in rows:
+        assert batched == alone and held == held_alone
 
 
 def test_the_setting_names_itself_and_bad_values_get_one_line():
@@ -234,35 +238,11 @@ def test_a_ragged_layer_is_scored_head_by_head_as_the_same_slots_in_a_uniform_la
 
 def test_each_row_of_a_padded_batch_is_cut_head_by_head_on_its_own_tokens():
     model = tiny_model()
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in (40, 26)]
     cfg = snapkv.build_config(**dict(DECODING, decode_interval=12, decode_buffer=12, method="adakv", window=8))
-    solo = []
-    with torch.no_grad(), snapkv.compress(model, cfg):
-        for p in prompts:
-            cache = DynamicCache(config=model.config)
-            first = int(model(p[None], cache=cache).logits[0, -1].argmax())
-            solo.append((decode(model, cache, first, 30), snapkv.kept_positions(cache)[1][0]))
-        width = 40
-        ids = torch.zeros(2, width, dtype=torch.long)
-        mask = torch.zeros(2, width, dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
-        cache = DynamicCache(config=model.config)
-        logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=cache).logits
-        tokens = [logits[:, -1].argmax(-1)]
-        for _ in range(30):
-            mask = torch.cat([mask, mask.new_ones(2, 1)], dim=1)
-            out = model(tokens[-1][:, None], cache=cache, attention_mask=mask,
-                        position_ids=mask.sum(dim=1, keepdim=True) - 1)
-            tokens.append(out.logits[:, -1].argmax(-1))
+    cache, rows = batch_against_rows(model, cfg, (40, 26), 30, seed=5)
     assert state_of(cache).decoding_cuts == 2 * model.config.num_hidden_layers
-    batched = torch.stack(tokens, dim=1).tolist()
-    held = snapkv.kept_positions(cache)[1]
-    for row in range(2):
-        assert batched[row] == solo[row][0]
-        for head in range(len(held[row])):
-            assert held[row][head].tolist() == solo[row][1][head].tolist()
+    for batched, alone, held, held_alone in rows:
+        assert batched == alone and held == held_alone
 
 
 def test_the_planner_bounds_a_head_adaptive_decoding_cache_by_its_room():

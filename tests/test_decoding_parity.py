@@ -28,10 +28,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kvpress"
 RECORD = json.loads(gzip.open(FIXTURES / "decoding" / "decoding.json.gz", "rt", encoding="utf-8").read())
 
 
+def unpacked(bits: str, shape) -> np.ndarray:
+    flat = np.unpackbits(np.frombuffer(base64.b64decode(bits), np.uint8))[:int(np.prod(shape))]
+    return flat.reshape(shape).astype(bool)
+
+
 def kvpress_held(case) -> np.ndarray:
-    shape = case["shape"]
-    bits = np.unpackbits(np.frombuffer(base64.b64decode(case["kept"]), np.uint8))[:int(np.prod(shape))]
-    return bits.reshape(shape).astype(bool)
+    return unpacked(case["kept"], case["shape"])
 
 
 def our_held(cache, shape) -> np.ndarray:
@@ -45,23 +48,32 @@ def our_held(cache, shape) -> np.ndarray:
     return held
 
 
-def run(model, record):
-    ids = torch.tensor([record["ids"]])
-    cases = record["cases"]
-    settings = [snapkv.build_config(**case["ours"]) for case in cases]
-    outcomes = []
+def after_one_prefill(model, record):
+    """Every case's setting from one shared prefill of the record's prompt: yields ``(case, its cache, the first
+    token)``, the session open (and gradients off) while the caller decodes."""
+    settings = [snapkv.build_config(**case["ours"]) for case in record["cases"]]
     with torch.no_grad(), snapkv.compress(model, settings) as session:
-        out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+        out = model(torch.tensor([record["ids"]]), cache=DynamicCache(config=model.config), use_cache=True,
+                    logits_to_keep=1)
         caches, session.caches = session.caches, []
         first = int(out.logits[0, -1].argmax())
-        for case, cache in zip(cases, caches):
-            tokens = [first]
-            for _ in range(len(case["tokens"]) - 1):
-                tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache).logits[0, -1].argmax()))
-            want = kvpress_held(case)
-            got = our_held(cache, want.shape)
-            outcomes.append((case, int((got == want).all(axis=-1).sum()), want.shape[0] * want.shape[1], tokens,
-                             state_of(cache).decoding_cuts))
+        yield from ((case, cache, first) for case, cache in zip(record["cases"], caches))
+
+
+def next_token(model, cache, token: int) -> int:
+    return int(model(torch.tensor([[token]]), cache=cache).logits[0, -1].argmax())
+
+
+def run(model, record):
+    outcomes = []
+    for case, cache, first in after_one_prefill(model, record):
+        tokens = [first]
+        for _ in range(len(case["tokens"]) - 1):
+            tokens.append(next_token(model, cache, tokens[-1]))
+        want = kvpress_held(case)
+        got = our_held(cache, want.shape)
+        outcomes.append((case, int((got == want).all(axis=-1).sum()), want.shape[0] * want.shape[1], tokens,
+                         state_of(cache).decoding_cuts))
     return outcomes
 
 
@@ -102,36 +114,24 @@ def test_smollm2_decodes_as_kvpress_decodes():
 ADAKV_RECORD = json.loads(gzip.open(FIXTURES / "decoding" / "decoding_adakv.json.gz", "rt", encoding="utf-8").read())
 
 
-def unpacked(bits: str, shape) -> np.ndarray:
-    flat = np.unpackbits(np.frombuffer(base64.b64decode(bits), np.uint8))[:int(np.prod(shape))]
-    return flat.reshape(shape).astype(bool)
-
-
 def run_head_adaptive(model, record):
     """Per case: (layers whose every head holds kvpress's first cut, layers, our tokens and kvpress's up to its
     second cut, our cuts)."""
-    ids = torch.tensor([record["ids"]])
-    cases = record["cases"]
-    settings = [snapkv.build_config(**case["ours"]) for case in cases]
     outcomes = []
-    with torch.no_grad(), snapkv.compress(model, settings) as session:
-        out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-        caches, session.caches = session.caches, []
-        first = int(out.logits[0, -1].argmax())
-        for case, cache in zip(cases, caches):
-            first_cut, second = case["cut_passes"][0], case["cut_passes"][1]
-            want_first = unpacked(case["first_cut"], case["first_cut_shape"])
-            tokens, equal_layers = [first], None
-            for passed in range(len(case["tokens"]) - 1):
-                tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache).logits[0, -1].argmax()))
-                if passed == first_cut:
-                    got_first = np.zeros(want_first.shape, dtype=bool)
-                    for layer, rows in enumerate(snapkv.kept_positions(cache)):
-                        for head, positions in enumerate(rows[0]):
-                            got_first[layer, head, positions.numpy()] = True
-                    equal_layers = int((got_first == want_first).all(axis=(1, 2)).sum())
-            outcomes.append((case, equal_layers, want_first.shape[0], tokens[:second + 2],
-                             case["tokens"][:second + 2], state_of(cache).decoding_cuts))
+    for case, cache, first in after_one_prefill(model, record):
+        first_cut, second = case["cut_passes"][0], case["cut_passes"][1]
+        want_first = unpacked(case["first_cut"], case["first_cut_shape"])
+        tokens, equal_layers = [first], None
+        for passed in range(len(case["tokens"]) - 1):
+            tokens.append(next_token(model, cache, tokens[-1]))
+            if passed == first_cut:
+                got_first = np.zeros(want_first.shape, dtype=bool)
+                for layer, rows in enumerate(snapkv.kept_positions(cache)):
+                    for head, positions in enumerate(rows[0]):
+                        got_first[layer, head, positions.numpy()] = True
+                equal_layers = int((got_first == want_first).all(axis=(1, 2)).sum())
+        outcomes.append((case, equal_layers, want_first.shape[0], tokens[:second + 2], case["tokens"][:second + 2],
+                         state_of(cache).decoding_cuts))
     return outcomes
 
 
