@@ -206,7 +206,7 @@ class BenchLongGenerationSection:
     prompt_tokens: int = 64
     decode_tokens: int = 4096
     span: int = 512
-    methods: List[str] = field(default_factory=lambda: ["knorm", "streamingllm", "tova"])
+    methods: List[str] = field(default_factory=lambda: ["knorm", "streamingllm", "tova", "adakv"])
     target: int = 512
     interval: int = 128
     buffer: int = 256
