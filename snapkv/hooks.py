@@ -584,9 +584,7 @@ class CompressionSession:
             else:
                 kept, valid = cut.select(ctx, target, window)
                 if valid is not None:  # the heads' own counts from now on
-                    held = state.slot_positions(idx, kept.shape[0], kept.shape[1], length, kept.device)
-                    held = held.gather(-1, kept.to(torch.int64))
-                    cache.layers[idx] = RaggedLayer(*pack_heads(layer.keys, layer.values, kept, valid, held))
+                    cache.layers[idx] = ragged_layer(state, idx, layer.keys, layer.values, kept, valid)
                     state.record_headwise_cut(idx, target)
                     return
             layer.keys, layer.values = gather_slots(layer.keys, layer.values, kept)
@@ -639,9 +637,7 @@ class CompressionSession:
         length, kv_heads = keys.shape[-2], keys.shape[1]
         if valid is not None:  # head-adaptive: each head's own slots, packed
             with torch.no_grad():
-                held = state.slot_positions(idx, kept.shape[0], kv_heads, length, kept.device)
-                held = held.gather(-1, kept.to(torch.int64))
-                cache.layers[idx] = RaggedLayer(*pack_heads(keys, values, kept, valid, held))
+                cache.layers[idx] = ragged_layer(state, idx, keys, values, kept, valid)
             state.head_adaptive = True
             state.prompt_length = state.consumed
         else:
@@ -670,6 +666,13 @@ class CompressionSession:
             budget = kept.shape[-1]  # what each head really keeps (ChunkKV: whole chunks)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
+
+
+def ragged_layer(state: CacheState, idx: int, keys, values, kept, valid) -> RaggedLayer:
+    """A layer holding ``keys``/``values`` (``[rows, kv_heads, slots, d]``) cut head by head to ``kept``/``valid``,
+    each slot labelled with the position it holds now (``CacheState.slot_positions``)."""
+    held = state.slot_positions(idx, kept.shape[0], kept.shape[1], keys.shape[-2], kept.device)
+    return RaggedLayer(*pack_heads(keys, values, kept, valid, held.gather(-1, kept.to(torch.int64))))
 
 
 @contextmanager

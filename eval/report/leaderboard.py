@@ -62,10 +62,14 @@ def kvpress_entry(compressor: dict) -> str | None:
 def board_ratio(compressor: dict) -> float | None:
     """The compression ratio the leaderboard places a run at: the field its method names (``Method.board_size``:
     ``ratio``, DuoAttention's ``head_ratio``); None for a run given a budget in tokens."""
+    value = compressor.get(_board_field(compressor))
+    return None if value is None else float(value)
+
+
+def _board_field(compressor: dict) -> str:
     from snapkv.registry import METHODS
     method = METHODS.get(compressor.get("method"))
-    value = compressor.get(method.board_size if method is not None else "ratio")
-    return None if value is None else float(value)
+    return method.board_size if method is not None else "ratio"
 
 
 def _plain(text: str) -> str:
@@ -79,9 +83,7 @@ def method_name(compressor: dict) -> str:
     ours = label_of(compressor)
     size = board_ratio(compressor)
     if size is not None:  # the label's size (``ratio 0.5``, DuoAttention's ``head_ratio 0.5``)
-        from snapkv.registry import METHODS
-        method = METHODS.get(compressor.get("method"))
-        ours = ours.replace(f" {method.board_size if method else 'ratio'} {size:g}", "", 1)
+        ours = ours.replace(f" {_board_field(compressor)} {size:g}", "", 1)
     entry = kvpress_entry(compressor)
     if entry is None:
         return ours
