@@ -1,7 +1,7 @@
 """The docs' method tables, generated from the method registry (each method's card: ``Method.paper``,
 ``reference``, ``budget_meaning``, ``deviations``). ``python scripts/write_compressor_configs.py`` writes
-them between the ``<!-- methods:NAME -->`` markers of README.md and docs/library.md; a test keeps the files
-equal to what this module generates."""
+them between the ``<!-- methods:NAME -->`` markers of docs/methods.md, docs/library.md and docs/leaderboard.md;
+a test keeps the files equal to what this module generates."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ import snapkv
 
 ROOT = Path(__file__).resolve().parent.parent
 # table name -> the file it stands in
-FILES = {"readme": ROOT / "README.md", "library": ROOT / "docs" / "library.md",
+FILES = {"methods": ROOT / "docs" / "methods.md", "library": ROOT / "docs" / "library.md",
          "leaderboard": ROOT / "docs" / "leaderboard.md"}
 EQUAL = "kept positions and tokens equal (tested)"
 
@@ -26,7 +26,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|") or "—"
 
 
-def readme_table() -> str:
+def methods_table() -> str:
+    """One line a method: its option, class, paper and the code it reproduces (docs/methods.md)."""
     rows = ["| method | `compressor=` | class | paper | reproduces |", "|---|---|---|---|---|"]
     for cls in _ordered():
         rows.append(f"| {cls.display_name or cls.method} | `{cls.method}` | `snapkv.{cls.__name__}` | "
@@ -63,7 +64,7 @@ def leaderboard_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"readme": readme_table, "library": library_table, "leaderboard": leaderboard_table}
+TABLES = {"methods": methods_table, "library": library_table, "leaderboard": leaderboard_table}
 
 
 def _block(name: str) -> re.Pattern:

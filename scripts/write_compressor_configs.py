@@ -1,6 +1,6 @@
 """Write what is generated from the method registry: conf/compressor/<option>.yaml for every registered
-method and kvpress entry (eval/compressor_configs.py), the method tables of README.md and
-docs/library.md (eval/method_tables.py), and the leaderboard presets' compressor lists
+method and kvpress entry (eval/compressor_configs.py), the method tables of docs/methods.md,
+docs/library.md and docs/leaderboard.md (eval/method_tables.py), and the leaderboard presets' compressor lists
 (eval/leaderboard.py); tests/test_methods.py fails when a file differs from what this writes."""
 import sys
 from pathlib import Path

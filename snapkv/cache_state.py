@@ -28,6 +28,7 @@ renumbered          False          True        ``end_pass`` after a prefill whos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +36,15 @@ from .errors import InputError
 from .method import Method
 from .timing import Ledger
 from .transformers_workarounds import report_consumed
+
+
+class RankedScores(NamedTuple):
+    """One layer's ranked scores ``[batch row, head, prompt position]`` and the least and most each could be under
+    another machine's rounding (``Method.ranking_scores``, ``Method.ranking_bounds``)."""
+    scores: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+    across_heads: bool = False  # one cut over all the layer's heads at once (head-adaptive), else one per head
 
 
 @dataclass
@@ -66,6 +76,7 @@ class CacheState:
     question_tokens: int | None = None  # how many of the prompt's last tokens are its question (needs_question_length)
     rerotated_layers: set = field(default_factory=set)  # layers this prefill cut and re-rotated (rerotates_keys)
     renumbered: bool = False            # the kept keys sit at 0..n-1: positions are the cache's own (see the table)
+    ranking_scores: dict = field(default_factory=dict)  # layer -> what its cut ranked (record_scores), or None
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -140,6 +151,17 @@ class CacheState:
         appended = torch.arange(self.consumed - (slots - held.shape[-1]), self.consumed, dtype=torch.int32,
                                 device=device)
         return torch.cat([held.expand(rows, heads, -1), appended.expand(rows, heads, -1)], dim=-1)
+
+    def record_ranking_scores(self, layer_idx: int, scores: torch.Tensor | None, bounds: tuple | None,
+                              across_heads: bool = False) -> None:
+        """What the prefill's cut of ``layer_idx`` ranked (``Method.ranking_scores``) and its ``ranking_bounds``, as
+        float32 copies on the CPU; None where the cut ranks no per-head scores."""
+        if scores is None:
+            self.ranking_scores[layer_idx] = None
+            return
+        def copy(tensor):
+            return tensor.detach().float().cpu().clone()
+        self.ranking_scores[layer_idx] = RankedScores(copy(scores), copy(bounds[0]), copy(bounds[1]), across_heads)
 
     def record_slots(self, layer_idx: int, kept: torch.Tensor, slots: int) -> None:
         """Remember which positions a cut layer keeps (``snapkv.kept_positions``), as int32 beside the

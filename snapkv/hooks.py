@@ -48,7 +48,7 @@ from .cache_state import CacheState, set_state, state_of
 from .channels import KeyChannelLayer
 from .decoding_cuts import DecodingBuffer, check_buffer, cut_heads, due, gather_slots, in_score_order, ranked_slots
 from .errors import InputError
-from .method import Method
+from .method import TIE_TOLERANCE, Method
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
 from .rerotation import rerotated_keys
 from .timing import Clock, Ledger
@@ -176,7 +176,8 @@ class Replay:
 class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
-    def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens=None):
+    def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens=None,
+                 record_scores: bool | float = False):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
@@ -196,6 +197,8 @@ class CompressionSession:
                 raise InputError(f"{one.method}: compress_later_turns=True is not supported (its window is the first "
                                  "prompt's question and its keys are re-rotated); leave it False")
         self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
+        # keep each cut layer's ``Method.ranking_scores`` and bounds (snapkv.ranking_scores): True, or the tolerance
+        self.record_scores = TIE_TOLERANCE if record_scores is True else float(record_scores or 0)
         # how many of the next prefills' last tokens are the question (``Method.needs_question_length``): set it
         # before each prefill whose question length differs (the runner does, per prompt)
         self.question_tokens = question_tokens
@@ -611,6 +614,10 @@ class CompressionSession:
             if cfg.decodes and cfg.scores_positions and valid is None and ctx.pad_mask is None:
                 kept = in_score_order(cfg.prompt_scores(ctx), kept)  # as the cuts while decoding leave it
             channels = cfg.key_channels(ctx)  # None: every key channel
+            if self.record_scores:
+                scores = cfg.ranking_scores(ctx)
+                bounds = None if scores is None else cfg.ranking_bounds(ctx, scores, self.record_scores)
+                state.record_ranking_scores(idx, scores, bounds, cfg.head_adaptive)
         self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn], channels)
         if cfg.rerotates_keys:
             self._rerotate(cache.layers[idx], state, idx, kept, valid, channels, ctx.rotary)
@@ -676,7 +683,8 @@ def ragged_layer(state: CacheState, idx: int, keys, values, kept, valid) -> Ragg
 
 
 @contextmanager
-def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens: int | None = None):
+def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens: int | None = None,
+             record_scores: bool | float = False):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
 
     ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
@@ -693,8 +701,10 @@ def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, que
     the model's, for a method that prompts the model itself (KVzip; else loaded from its folder).
     ``question_tokens``: how many of the prompt's last tokens are its question, for a method reading it
     (``Method.needs_question_length``, FINCH); it holds for every prefill until ``session.question_tokens`` is
-    set to another value (set it before each prefill whose question length differs)."""
-    session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens)
+    set to another value (set it before each prefill whose question length differs). ``record_scores``: keep the
+    scores each cut layer ranked and how far rounding could move them (``snapkv.ranking_scores(cache)``; True: by
+    ``snapkv.method.TIE_TOLERANCE`` relative, or a float: by that; a copy per layer, off by default)."""
+    session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens, record_scores)
     session.attach()
     try:
         yield session

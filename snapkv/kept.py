@@ -1,9 +1,10 @@
-"""Which prompt positions a cache kept, per layer, batch row and head (``snapkv.kept_positions``)."""
+"""Which prompt positions a cache kept, per layer, batch row and head (``snapkv.kept_positions``), and what its cut
+ranked (``snapkv.ranking_scores``)."""
 from __future__ import annotations
 
 import torch
 
-from .cache_state import state_of
+from .cache_state import RankedScores, state_of
 from .errors import InputError
 from .ragged import RaggedLayer
 
@@ -40,3 +41,18 @@ def kept_positions(cache) -> list[list[list[torch.Tensor]]]:
             per_row.append([(here[here >= pad] - pad).to(torch.long).sort().values for here in per_head])
         layers.append(per_row)
     return layers
+
+
+def ranking_scores(cache) -> list[RankedScores | None]:
+    """``[layer]``: what that layer's prefill cut ranked, ``RankedScores(scores, low, high)``, each ``[batch row,
+    head, prompt position]`` (padded positions included) as this machine computed them, ``low``/``high`` how far
+    another machine's rounding could move each score (``Method.ranking_bounds``, by ``method.TIE_TOLERANCE`` unless
+    ``record_scores`` gave another); None for a layer kept whole or a method whose cut is no per-head ranking
+    (``Method.ranking_scores``). Recorded only by ``snapkv.compress(..., record_scores=True)``.
+
+    Where two positions' scores are equal to the last bits, another machine can keep the other one; these tell
+    such a tie from a real difference (the parity tests' tolerance: docs/extending.md)."""
+    state = state_of(cache)
+    if state is None:
+        raise InputError("ranking_scores: this cache was not filled inside snapkv.compress")
+    return [state.ranking_scores.get(idx) for idx in range(len(cache.layers))]

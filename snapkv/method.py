@@ -18,6 +18,10 @@ scoring during the prefill  per layer, after its attention, from ``LayerContext`
                             position ranked, for a method wrapping this one (``scores_positions``)
 attention weights           ``needs_attention_weights``: ``ctx.attention_weights()`` gives the prefill's
                             own softmax rows ``[b, H, q, L]``, as eager attention computes them (no)
+ranking scores              ``ranking_scores(ctx)``: the per-head scores ``select`` ranks, and ``ranking_bounds``:
+                            how far another machine's rounding could move them, recorded on request for telling
+                            a tie at the cut from a real difference (``prompt_scores`` where ``scores_positions``,
+                            else None; each score plus or minus the tolerance)
 scoring after the prefill   ``scores_after_prefill``: ``replay_key()``, ``scores(replay, full, ids)``
                             once per key for every setting sharing it, then ``cut(scores)`` (none)
 scoring while decoding      ``decodes`` (set by ``decode_target``/``decode_ratio``): every ``decode_interval``
@@ -68,6 +72,8 @@ DECODING_FIELDS = ("decode_target", "decode_ratio", "decode_interval", "decode_b
 DECODING_DEFAULTS = {"decode_interval": 512, "decode_buffer": 256, "decode_query_positions": "current"}
 QUERY_POSITIONS = ("current", "own")
 GQA_MODES = ("mean", "max", "repeat")
+# how far another machine's float32 rounding is taken to move a score, relative (``Method.ranking_bounds``)
+TIE_TOLERANCE = 1e-5
 
 __all__ = ["Method", "InputError", "check_choice", "check_int", "POOLINGS", "GQA_MODES", "DECODING_FIELDS",
            "decoding_tag"]
@@ -306,6 +312,23 @@ class Method:
         (what a wrapper such as AdaKV allocates from; ``scores_positions`` says a method gives it)."""
         length = ctx.keys.shape[-2]
         return always_kept(self.score(ctx), last=self.recent_window(ctx.layer_idx, ctx.num_layers, length))
+
+    def ranking_scores(self, ctx) -> "torch.Tensor | None":
+        """``[b, heads, L]``: the scores whose ranking decides what ``select`` keeps (per head; over all the layer's
+        heads at once for a ``head_adaptive`` method), as this code computes them (``snapkv.compress(...,
+        record_scores=True)`` records them per layer with ``ranking_bounds``: ``snapkv.ranking_scores``). None where
+        the cut is no such ranking (chunked, replayed or two-stage cuts). By default ``prompt_scores`` for a uniform
+        method that ``scores_positions``."""
+        return self.prompt_scores(ctx) if self.scores_positions and not self.head_adaptive else None
+
+    def ranking_bounds(self, ctx, scores: torch.Tensor, tolerance: float) -> tuple:
+        """``(low, high)``, each like ``scores``: the least and the most each position's ranked score could be had the
+        values it is computed from been rounded otherwise, by ``tolerance`` relative (another machine's float32
+        kernels). A cut whose score lies within a position's bounds may fall either way there: a parity check against
+        a reference run elsewhere accepts such a difference and no other. By default ``scores`` less and plus
+        ``tolerance`` of their magnitude (at least of ``1e-3``); a method ranking ranks overrides it."""
+        spread = tolerance * scores.abs().clamp(min=1e-3)
+        return scores - spread, scores + spread
 
     def prepare(self, replay) -> None:
         """Once per ``snapkv.compress`` session, before any prefill: what the method fixes per model from

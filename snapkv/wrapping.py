@@ -110,6 +110,25 @@ def narrowed(ctx, **changes):
     return replace(ctx, **reset, **changes)
 
 
+def rounding_spread(ctx, score, draws: int = 3, factor: float = 4.0, noise: float = 1e-7) -> torch.Tensor:
+    """``[b, heads, 1]``: how far rounding moves ``score(ctx)`` per head, measured: ``factor`` times the largest change
+    over ``draws`` rescorings of ``ctx`` with its hidden states, keys and values each multiplied by ``1 + noise * N(0,
+    1)`` (about one float32 rounding; a seeded generator, so the same every run). For a method whose scores pass
+    through ill-conditioned steps (a solve, z-scores), where a relative tolerance on the score itself says little."""
+    base = score(ctx)
+    generator = torch.Generator().manual_seed(ctx.layer_idx)
+    largest = torch.zeros_like(base)
+
+    def jittered(tensor):
+        jitter = torch.randn(tensor.shape, generator=generator, dtype=torch.float32).to(tensor.device, tensor.dtype)
+        return tensor * (1 + noise * jitter)
+    for _ in range(draws):
+        moved = score(narrowed(ctx, hidden_states=jittered(ctx.hidden_states), keys=jittered(ctx.keys),
+                               values=jittered(ctx.values)))
+        largest = torch.maximum(largest, (moved - base).abs())
+    return factor * largest.amax(dim=-1, keepdim=True)
+
+
 def row_contexts(ctx) -> list:
     """``(row, pad, context)`` per batch row: the row's own layer context on its real tokens (what the row
     alone gives the scorer: a score shared by a whole batch, such as SnapKV's window above every other

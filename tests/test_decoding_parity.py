@@ -102,12 +102,8 @@ def test_tiny_gqa_model_decodes_as_kvpress_decodes():
 
 
 @pytest.mark.slow
-def test_smollm2_decodes_as_kvpress_decodes():
-    from omegaconf import OmegaConf
-
-    from eval.runner import load_model
-    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
-    assert check(run(model, RECORD["models"]["smollm2"]), 30) == 6
+def test_smollm2_decodes_as_kvpress_decodes(smollm2):
+    assert check(run(smollm2[0], RECORD["models"]["smollm2"]), 30) == 6
 
 
 # kvpress's head-adaptive entries mask instead of evicting (``snapkv.decoding_cuts``): equal up to the second cut
@@ -157,9 +153,5 @@ def test_tiny_gqa_model_cuts_head_by_head_as_kvpress_until_its_masks_diverge():
 
 
 @pytest.mark.slow
-def test_smollm2_cuts_head_by_head_as_kvpress_until_its_masks_diverge():
-    from omegaconf import OmegaConf
-
-    from eval.runner import load_model
-    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
-    assert check_head_adaptive(run_head_adaptive(model, ADAKV_RECORD["models"]["smollm2"])) == 2
+def test_smollm2_cuts_head_by_head_as_kvpress_until_its_masks_diverge(smollm2):
+    assert check_head_adaptive(run_head_adaptive(smollm2[0], ADAKV_RECORD["models"]["smollm2"])) == 2

@@ -1,4 +1,4 @@
-"""README.md and docs/*.md point only at things that exist.
+"""README.md and docs/*.md point only at things that exist, and the README stays short.
 
 (a) Every relative markdown link ``[text](target)`` resolves from the file's folder (http(s) and
 mailto links and pure ``#anchors`` are not checked; a ``#fragment`` is stripped).
@@ -8,6 +8,9 @@ mailto links and pure ``#anchors`` are not checked; a ``#fragment`` is stripped)
 (a placeholder) is skipped. Paths under the output folders the project's ``.gitignore`` lists
 (``/results/runs/``, ...) are what a command writes, not files of the repository: they are skipped.
 Fenced code blocks are left out of both checks.
+(c) README.md is a front door read to the end: under 300 lines, "## Reproduce the paper" within its
+first 200, one line giving ``make test``'s time (the time is updated in one place), and the method count
+it names equal to the rows of the generated table in docs/methods.md.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 LINE_SUFFIX = re.compile(r":\d+(?:-\d+)?$")
+MINUTES = re.compile(r"\b(?:\d+(?:-\d+)?|a) minutes?\b")
+METHOD_COUNT = re.compile(r"\b(\d+) registered in all\b")
+METHOD_TABLE = re.compile(r"<!-- methods:methods -->\n(.*?)\n<!-- /methods:methods -->", re.S)
 
 
 def doc_files() -> list[Path]:
@@ -76,6 +82,16 @@ def missing_paths(path: Path) -> list[str]:
     return missing
 
 
+def timed_lines(text: str) -> list[str]:
+    """The lines that give ``make test`` a time (code blocks included: the two commands are one)."""
+    return [line for line in text.splitlines() if "make test" in line and MINUTES.search(line)]
+
+
+def table_rows(text: str) -> int:
+    """The methods in docs/methods.md's generated table (its lines less the header and the rule)."""
+    return len(METHOD_TABLE.search(text).group(1).splitlines()) - 2
+
+
 def report(found: dict[Path, list[str]]) -> str:
     return "\n".join(f"{path.relative_to(ROOT)}: {item}" for path, items in found.items() for item in items)
 
@@ -107,3 +123,29 @@ def test_the_checks_catch_what_they_should():
     assert not exists("snapkv/no_such_module.py")
     assert "results/runs/" in output_folders()
     assert FENCE.sub("", "a\n```bash\n`snapkv/x.py` [l](y.md)\n```\nb") == "a\n\nb"
+
+
+def test_the_readme_is_read_to_the_end():
+    """Under 300 lines, the paper's reproduction within the first 200, and ``make test``'s time given
+    once: two lines with two times (25-35 and 22-30 minutes) is what this catches."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 300, f"README.md has {len(lines)} lines: move detail into docs/"
+    assert "## Reproduce the paper" in lines[:200], "README.md: '## Reproduce the paper' after line 200"
+    timed = timed_lines("\n".join(lines))
+    assert len(timed) == 1, "README.md should give make test's time on one line:\n" + "\n".join(timed)
+
+
+def test_the_readme_counts_the_registered_methods():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    count = METHOD_COUNT.search(readme)
+    assert count, "README.md names no method count ('N registered in all')"
+    rows = table_rows((ROOT / "docs" / "methods.md").read_text(encoding="utf-8"))
+    assert int(count.group(1)) == rows, f"README.md says {count.group(1)} methods, docs/methods.md lists {rows}"
+
+
+def test_the_front_door_checks_catch_what_they_should():
+    assert timed_lines("make test  # (about 25 minutes of pytest)\n`make test` runs ruff") == [
+        "make test  # (about 25 minutes of pytest)"]
+    assert len(timed_lines("make test  # (25-35 minutes)\n`make test`: 22-30 minutes of pytest")) == 2
+    assert timed_lines("make demo  # 4-7 minutes\n`make setup`, about a minute\n`make test-fast`") == []
+    assert table_rows("<!-- methods:methods -->\n| a |\n|---|\n| x |\n| y |\n<!-- /methods:methods -->") == 2

@@ -81,10 +81,8 @@ def test_head_scores_on_the_fly_equal_kvpress_on_the_tiny_model():
 
 
 @pytest.mark.slow
-def test_head_scores_on_the_fly_equal_kvpress_on_smollm2():
-    from eval.runner import load_model
-    from omegaconf import OmegaConf
-    model, tokenizer = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu")
+def test_head_scores_on_the_fly_equal_kvpress_on_smollm2(smollm2):
+    model, tokenizer = smollm2
     with torch.no_grad():
         ours = our_scores(model, tokenizer)
     same_heads(ours, np.array(RECORD["head_scores"]["smollm2_on_the_fly"], dtype=np.float32))

@@ -265,13 +265,10 @@ def test_a_query_agnostic_run_of_finch_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_generate_and_the_runner_decode_kvpress_tokens():
+def test_smollm2_generate_and_the_runner_decode_kvpress_tokens(smollm2, monkeypatch):
     """On SmolLM2 the tokens depend on the position the decoding continues at (n, not the prompt's length)."""
-    from omegaconf import OmegaConf
-
-    from eval.runner import load_model
-    model, _ = load_model(OmegaConf.load("conf/model/smollm2-135m.yaml"), "cpu", with_tokenizer=False)
-    model.generation_config.eos_token_id = None
+    model = smollm2[0]
+    monkeypatch.setattr(model.generation_config, "eos_token_id", None)
     record = RECORD["models"]["smollm2"]
     ids = torch.tensor([record["ids"]])
     question = record["cases"][0]["question_tokens"]

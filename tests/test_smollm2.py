@@ -8,12 +8,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smol():
-    from eval.runner import Runner, load_model
+def smol(smollm2):
+    from eval.runner import Runner
     from omegaconf import OmegaConf
-    cfg = OmegaConf.load("conf/model/smollm2-135m.yaml")
-    model, tokenizer = load_model(cfg, "cpu")
-    return Runner(model, tokenizer), cfg
+    return Runner(*smollm2), OmegaConf.load("conf/model/smollm2-135m.yaml")
 
 
 def test_needle_answered_with_full_kv_and_snapkv(smol):

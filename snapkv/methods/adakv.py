@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from ..errors import check_choice
-from ..head_budgets import HeadAdaptiveMethod, adakv_keep, authors_keep, pack, per_row_keep
+from ..head_budgets import HeadAdaptiveMethod, adakv_keep, authors_keep, pack, per_row_keep, safeguarded
 from ..registry import register
 
 ALLOCATIONS = ("kvpress", "authors")
@@ -61,6 +61,19 @@ class AdaKV(HeadAdaptiveMethod):
         if self.allocation == "authors":
             return "allocation=authors splits a prompt's window from its earlier positions; use kvpress"
         return super().cannot_decode()
+
+    def ranking_scores(self, ctx):
+        """kvpress's allocation ranks the scorer's scores, each head's safeguarded top raised to the maximum, over all
+        the layer's heads at once (one prompt; the authors' allocation: None)."""
+        if self.allocation != "kvpress" or ctx.pad_mask is not None:
+            return None
+        length = ctx.keys.shape[-2]
+        n_kept = min(self.layer_budget(ctx.layer_idx, ctx.num_layers, length), length)
+        return safeguarded(self.prompt_scores(ctx).clone(), n_kept, self.alpha_safeguard)
+
+    def ranking_bounds(self, ctx, scores, tolerance: float) -> tuple:
+        """The scorer's."""
+        return self.scorer_config().ranking_bounds(ctx, scores, tolerance)
 
     def select(self, ctx, budget: int, window: int):
         if self.allocation == "kvpress":

@@ -32,26 +32,52 @@ def lag_relative(states: torch.Tensor) -> torch.Tensor:
     return ((part - low) / (high - low)).std(dim=-1).softmax(dim=-1)
 
 
+def partitioned(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag_size: int) -> torch.Tensor | None:
+    """``[b, kv_heads, parts, lag_size]``: each scored partition's lag-relative scores before any ranking, or None
+    for a prompt too short to partition."""
+    b, h, n, d = keys.shape
+    if n < n_sink + 2 * lag_size:
+        return None
+    end = n_sink + ((n - n_sink) // lag_size) * lag_size
+
+    def parts(states):
+        return states[:, :, n_sink:end].reshape(b, h, -1, lag_size, d)
+    return (lag_relative(parts(keys)) + lag_relative(parts(values))) / 2
+
+
+def around(scores: torch.Tensor, fill, n_sink: int, n: int) -> torch.Tensor:
+    """The partitions' ``scores`` ``[b, h, parts, lag]`` as ``[b, h, n]``: the sinks and the tail ``fill``."""
+    b, h = scores.shape[:2]
+    flat = scores.reshape(b, h, -1)
+    sinks = torch.full((b, h, n_sink), fill, dtype=flat.dtype, device=flat.device)
+    rest = torch.full((b, h, n - n_sink - flat.shape[-1]), fill, dtype=flat.dtype, device=flat.device)
+    return torch.cat((sinks, flat, rest), dim=-1)
+
+
 def lagkv_scores(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag_size: int,
                  cross_scoring: bool) -> torch.Tensor:
     """``[b, kv_heads, n]`` scores of every prompt position, as ``LagKVPress.score`` computes them."""
     b, h, n, d = keys.shape
-    if n < n_sink + 2 * lag_size:  # too short to partition: the sinks, then the most recent first
+    scores = partitioned(keys, values, n_sink, lag_size)
+    if scores is None:  # too short to partition: the sinks, then the most recent first
         scores = torch.ones((b, h, n), dtype=keys.dtype, device=keys.device)
         if n > n_sink:
             scores[:, :, n_sink:] = (torch.arange(n - n_sink, device=keys.device) / (n - n_sink)).to(keys.dtype)
         return scores
-    end = n_sink + ((n - n_sink) // lag_size) * lag_size
-    tail = lag_size + n - end
-
-    def parts(states):
-        return states[:, :, n_sink:end].reshape(b, h, -1, lag_size, d)
-    scores = (lag_relative(parts(keys)) + lag_relative(parts(values))) / 2
     if not cross_scoring:
         scores = (scores.argsort(dim=-1).argsort(dim=-1) / lag_size).to(keys.dtype)
-    sinks = torch.ones((b, h, n_sink), dtype=scores.dtype, device=scores.device)
-    rest = torch.ones((b, h, tail), dtype=scores.dtype, device=scores.device)
-    return torch.cat((sinks, scores.reshape(b, h, -1), rest), dim=-1)
+    return around(scores, 1, n_sink, n)
+
+
+def rank_bounds(raw: torch.Tensor, tolerance: float) -> tuple:
+    """``(below, above)`` ``[b, h, parts, lag]``: how many ranks each position could move down and up within its
+    partition were its raw score and the others' rounded otherwise by ``tolerance`` relative: the positions ranked
+    below and above it within that distance."""
+    rank = raw.argsort(dim=-1).argsort(dim=-1)
+    near = (raw[..., :, None] - raw[..., None, :]).abs() <= tolerance * raw.abs()[..., :, None].clamp(min=1e-3)
+    below = (near & (rank[..., None, :] < rank[..., :, None])).sum(dim=-1)
+    above = (near & (rank[..., None, :] > rank[..., :, None])).sum(dim=-1)
+    return below, above
 
 
 @register
@@ -80,6 +106,18 @@ class LagKV(WholePromptMethod):
     def score(self, ctx):
         return by_real_rows(ctx.pad_mask, lambda rows, first: lagkv_scores(
             ctx.keys[rows, :, first:], ctx.values[rows, :, first:], self.n_sink, self.lag_size, self.cross_scoring))
+
+    def ranking_bounds(self, ctx, scores, tolerance: float) -> tuple:
+        """Ranks, not scores, are ranked (without cross scoring): two positions of one partition whose raw scores tie
+        within ``tolerance`` can swap ranks, so each rank's bounds reach the ranks of its ties."""
+        raw = None if self.cross_scoring or ctx.pad_mask is not None else partitioned(
+            ctx.keys, ctx.values, self.n_sink, self.lag_size)
+        if raw is None:
+            return super().ranking_bounds(ctx, scores, tolerance)
+        n = ctx.keys.shape[-2]
+        below, above = (around(steps.to(scores.dtype) / self.lag_size, 0, self.n_sink, n).to(scores.device)
+                        for steps in rank_bounds(raw, tolerance))
+        return scores - below, scores + above
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scaled copy of the partitioned keys (then values) and its deviation, the ranks, the scores."""

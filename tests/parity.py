@@ -1,0 +1,89 @@
+"""Comparing what we keep with what a reference kept on another machine, exact where the decision is clear.
+
+A reference's fixture (kvpress, KVCache-Factory, the official SnapKV) was written on one CPU; float32 kernels round
+differently on another, and where two positions' scores are equal to the last bits (layer 0, where the same token's
+keys have the same norm; LagKV's ranks, equal across partitions) ``topk`` may keep the other one. A (layer, head)
+pair that differs passes as a **tie** only when it keeps as many positions as the reference and the cut (the lowest
+score it kept, as we compute it) lies within the bounds of every position kept by one side alone (a head-adaptive
+cut: the same over all the layer's heads at once, which may trade positions): how far
+another machine's rounding could move that position's score, ``snapkv.method.TIE_TOLERANCE`` (1e-5) relative
+(``snapkv.ranking_scores``, ``Method.ranking_bounds``). Any other difference fails, as does any difference of a
+method whose cut ranks no per-head scores. Ties are counted (``TIES``) and reported at the end of the run
+(``conftest.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Comparison:
+    pairs: int
+    exact: int = 0
+    ties: list = field(default_factory=list)      # (layer, head) passed within the tolerance
+    differing: list = field(default_factory=list)  # (layer, head, why) that fail
+
+    @property
+    def equal(self) -> bool:
+        return not self.differing
+
+    def describe(self, label: str) -> str:
+        shown = "; ".join(f"layer {layer} head {head}: {why}" for layer, head, why in self.differing[:3])
+        return (f"{label}: {len(self.differing)} of {self.pairs} (layer, head) pairs differ beyond a tie "
+                f"({len(self.ties)} at a tie): {shown}")
+
+
+# label -> (layer, head) pairs that passed as ties in this run (printed by conftest.pytest_terminal_summary)
+TIES: dict[str, list] = {}
+
+
+def tie_reason(got: np.ndarray, want: np.ndarray, ranked: tuple | None) -> str | None:
+    """None when one (layer, head)'s kept positions ``got`` (bool over prompt positions) differ from ``want`` only
+    by a tie at the cut; else why not. ``ranked``: that head's ``(scores, low, high)`` over the same positions."""
+    if ranked is None:
+        return "the method's cut ranks no per-head scores (an exact comparison)"
+    if int(got.sum()) != int(want.sum()):
+        return f"keeps {int(got.sum())} positions, the reference {int(want.sum())}"
+    scores, low, high = ranked
+    cut = float(scores[got].min())
+    moved = np.flatnonzero(got != want)
+    far = [int(p) for p in moved if not low[p] <= cut <= high[p]]
+    if far:
+        shown = ", ".join(f"{p}: {float(scores[p])!r} in [{float(low[p])!r}, {float(high[p])!r}]" for p in far[:4])
+        return f"the cut {cut!r} is outside what rounding could move positions {far[:4]} to ({shown})"
+    return None
+
+
+def compare_kept(got: np.ndarray, want: np.ndarray, ranked: list | None = None, label: str = "") -> Comparison:
+    """``got``/``want``: ``[layers, heads, positions]`` bool (the first batch row); ``ranked``: per layer what
+    ``snapkv.ranking_scores`` gives (``RankedScores`` of ``[rows, heads, positions]`` tensors, or None). A cut over
+    all a layer's heads at once (``across_heads``) is one decision: its heads may trade positions at a tie."""
+    layers, heads, length = want.shape
+    result = Comparison(pairs=layers * heads)
+    for layer in range(layers):
+        here = None if ranked is None else ranked[layer]
+        differ = [head for head in range(heads) if not (got[layer, head] == want[layer, head]).all()]
+        result.exact += heads - len(differ)
+        if not differ:
+            continue
+        if here is not None and here.across_heads:  # the layer's heads as one row of positions
+            parts = tuple(part[0, :, :length].reshape(-1).numpy() for part in here[:3])
+            why = tie_reason(got[layer].reshape(-1), want[layer].reshape(-1), parts)
+            reasons = {head: why for head in differ}
+        else:
+            reasons = {}
+            for head in differ:
+                head_ranked = None
+                if here is not None and head < here.scores.shape[1]:
+                    head_ranked = tuple(part[0, head, :length].numpy() for part in here[:3])
+                reasons[head] = tie_reason(got[layer, head], want[layer, head], head_ranked)
+        for head, why in reasons.items():
+            if why is None:
+                result.ties.append((layer, head))
+            else:
+                result.differing.append((layer, head, why))
+    if result.ties:
+        TIES.setdefault(label, []).extend(result.ties)
+    return result
