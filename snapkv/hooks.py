@@ -583,7 +583,11 @@ class CompressionSession:
                            rotary=self._rotary, decoding=state.cfg)
         with torch.no_grad():
             if cut.scores_positions and not cut.head_adaptive:  # kvpress's order: as the scores rank the slots
-                kept = ranked_slots(cut.prompt_scores(ctx), target, real)
+                scores = cut.prompt_scores(ctx)
+                kept = ranked_slots(scores, target, real)
+                if self.record_scores:
+                    state.record_decoding_ranking(idx, scores, cut.ranking_bounds(ctx, scores, self.record_scores),
+                                                  kept)
             else:
                 kept, valid = cut.select(ctx, target, window)
                 if valid is not None:  # the heads' own counts from now on

@@ -56,3 +56,13 @@ def ranking_scores(cache) -> list[RankedScores | None]:
     if state is None:
         raise InputError("ranking_scores: this cache was not filled inside snapkv.compress")
     return [state.ranking_scores.get(idx) for idx in range(len(cache.layers))]
+
+
+def decoding_rankings(cache) -> list[list[RankedScores]]:
+    """``[layer]``: what each of that layer's cuts while decoding ranked (``Method.decodes``; uniform cuts by
+    ``prompt_scores``), in order: ``RankedScores`` over the layer's slots at that cut, with the position each slot held
+    (``positions``) and the slots it kept (``kept``). Recorded only by ``snapkv.compress(..., record_scores=True)``."""
+    state = state_of(cache)
+    if state is None:
+        raise InputError("decoding_rankings: this cache was not filled inside snapkv.compress")
+    return [state.decoding_rankings.get(idx, []) for idx in range(len(cache.layers))]

@@ -29,6 +29,19 @@ class Comparison:
     def equal(self) -> bool:
         return not self.differing
 
+    def add(self, layer: int, head: int, why: str | None) -> None:
+        """A differing pair: a tie when ``why`` is None."""
+        if why is None:
+            self.ties.append((layer, head))
+        else:
+            self.differing.append((layer, head, why))
+
+    def reported(self, label: str) -> "Comparison":
+        """Counts this comparison's ties under ``label`` (printed at the end of the run)."""
+        if self.ties:
+            TIES.setdefault(label, []).extend(self.ties)
+        return self
+
     def describe(self, label: str) -> str:
         shown = "; ".join(f"layer {layer} head {head}: {why}" for layer, head, why in self.differing[:3])
         return (f"{label}: {len(self.differing)} of {self.pairs} (layer, head) pairs differ beyond a tie "
@@ -80,10 +93,42 @@ def compare_kept(got: np.ndarray, want: np.ndarray, ranked: list | None = None, 
                     head_ranked = tuple(part[0, head, :length].numpy() for part in here[:3])
                 reasons[head] = tie_reason(got[layer, head], want[layer, head], head_ranked)
         for head, why in reasons.items():
-            if why is None:
-                result.ties.append((layer, head))
+            result.add(layer, head, why)
+    return result.reported(label)
+
+
+def tied_at_a_cut(position: int, head: int, cuts: list) -> bool:
+    """Whether ``position`` was at a tie at one of a layer's cuts while decoding (``snapkv.decoding_rankings``):
+    among that cut's slots for ``head``, and the cut's score within what rounding could move its score to."""
+    for cut in cuts:
+        held = cut.positions[0, head].numpy()
+        slots = np.flatnonzero(held == position)
+        if not len(slots):
+            continue
+        boundary = float(cut.scores[0, head][cut.kept[0, head]].min())
+        slot = slots[0]
+        if float(cut.low[0, head, slot]) <= boundary <= float(cut.high[0, head, slot]):
+            return True
+    return False
+
+
+def compare_held(got: np.ndarray, want: np.ndarray, cuts: list, label: str = "") -> Comparison:
+    """After compression while decoding: ``got``/``want`` ``[layers, heads, positions]`` bool, what each (layer,
+    head) holds at the end; ``cuts``: ``snapkv.decoding_rankings`` of our cache. A pair that differs passes as a
+    tie when it holds as many positions and every position held by one side alone was at a tie at one of our cuts
+    of that layer (a swap there decides what the later cuts see, so the difference is the tie's, not a bug's)."""
+    layers, heads, _ = want.shape
+    result = Comparison(pairs=layers * heads)
+    for layer in range(layers):
+        for head in range(heads):
+            if (got[layer, head] == want[layer, head]).all():
+                result.exact += 1
+                continue
+            if int(got[layer, head].sum()) != int(want[layer, head].sum()):
+                why = f"holds {int(got[layer, head].sum())} positions, the reference {int(want[layer, head].sum())}"
             else:
-                result.differing.append((layer, head, why))
-    if result.ties:
-        TIES.setdefault(label, []).extend(result.ties)
-    return result
+                moved = np.flatnonzero(got[layer, head] != want[layer, head])
+                far = [int(p) for p in moved if not tied_at_a_cut(int(p), head, cuts[layer])]
+                why = f"positions {far[:4]} were at no tie of our {len(cuts[layer])} cuts" if far else None
+            result.add(layer, head, why)
+    return result.reported(label)

@@ -15,6 +15,7 @@ def load():
     return module
 
 
+@pytest.mark.slow  # its memory section probes the frontier in real processes
 def test_smoke_runs_every_section(tmp_path):
     gpu_check = load()
     assert gpu_check.main(["--smoke", "--out", str(tmp_path)]) == 0

@@ -155,12 +155,12 @@ def every_case_from_one_prefill(model, model_name: str) -> dict:
     return {name: [next(outcomes) for _ in record["cases"]] for name, record in records.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # make test runs a file on one worker (--dist loadfile): one prefill a model
 def smollm2_outcomes(smollm2):
     return every_case_from_one_prefill(smollm2[0], "smollm2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_gqa_outcomes():
     return every_case_from_one_prefill(load_tiny_gqa(), "tiny_gqa")
 

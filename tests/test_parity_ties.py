@@ -136,3 +136,23 @@ def test_no_scores_are_recorded_unless_asked_or_for_a_cut_of_no_per_head_ranking
         assert snapkv.ranking_scores(session.caches[0]) == [None] * 3
     chunked = recorded(snapkv.ChunkKV(budget=None, ratio=0.5))
     assert chunked == [None] * 3
+
+
+def test_a_position_held_at_the_end_passes_only_if_one_of_our_cuts_while_decoding_met_it_at_a_tie():
+    from parity import compare_held
+    scores = torch.tensor([[[0.9, 0.5, 0.5 * (1 + TIE_TOLERANCE / 4), 0.2, 0.8, 0.1]]])
+    low, high = snapkv.Method.ranking_bounds(None, None, scores, TIE_TOLERANCE)
+    cut_kept = torch.zeros(scores.shape, dtype=torch.bool)
+    cut_kept[0, 0, [0, 2, 4]] = True
+    cut = RankedScores(scores, low, high, False, torch.arange(6)[None, None], cut_kept)
+    got = np.zeros((1, 1, 8), dtype=bool)
+    got[0, 0, [0, 2, 4, 6, 7]] = True
+    tied, far, fewer = got.copy(), got.copy(), got.copy()
+    tied[0, 0, [1, 2]] = True, False   # the reference kept the other position of the tie
+    far[0, 0, [3, 2]] = True, False    # ... or one far below the cut
+    fewer[0, 0, 2] = False
+    assert compare_held(got, tied, [[cut]], label="decoding tie").ties == [(0, 0)]
+    assert TIES.pop("decoding tie") == [(0, 0)]
+    assert "positions [3] were at no tie of our 1 cuts" in compare_held(got, far, [[cut]]).differing[0][2]
+    assert "holds 5 positions, the reference 4" in compare_held(got, fewer, [[cut]]).differing[0][2]
+    assert not compare_held(got, tied, [[]]).equal  # no cut recorded: nothing can be a tie

@@ -13,6 +13,8 @@ import pytest
 from conftest import ROOT
 from eval.hydra_app import UNFINISHED
 
+# one file, so one worker of make test's two runs them one after the other (--dist loadfile): they share the
+# one-node cluster's two CPUs
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
