@@ -38,6 +38,11 @@ from .timing import Ledger
 from .transformers_workarounds import report_consumed
 
 
+def host_copy(scores: torch.Tensor) -> torch.Tensor:
+    """A float32 copy on the CPU, kept apart from the cache."""
+    return scores.detach().float().cpu().clone()
+
+
 class RankedScores(NamedTuple):
     """One layer's ranked scores ``[batch row, head, prompt position]`` and the least and most each could be under
     another machine's rounding (``Method.ranking_scores``, ``Method.ranking_bounds``)."""
@@ -163,9 +168,7 @@ class CacheState:
         if scores is None:
             self.ranking_scores[layer_idx] = None
             return
-        def copy(tensor):
-            return tensor.detach().float().cpu().clone()
-        self.ranking_scores[layer_idx] = RankedScores(copy(scores), copy(bounds[0]), copy(bounds[1]), across_heads)
+        self.ranking_scores[layer_idx] = RankedScores(*map(host_copy, (scores, *bounds)), across_heads)
 
     def record_slots(self, layer_idx: int, kept: torch.Tensor, slots: int) -> None:
         """Remember which positions a cut layer keeps (``snapkv.kept_positions``), as int32 beside the
@@ -182,11 +185,8 @@ class CacheState:
         rows, heads, slots = scores.shape
         positions = self.slot_positions(layer_idx, rows, heads, slots, scores.device)
         mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, kept, True)
-
-        def copy(tensor):
-            return tensor.detach().cpu().clone()
         self.decoding_rankings.setdefault(layer_idx, []).append(RankedScores(
-            copy(scores).float(), copy(bounds[0]).float(), copy(bounds[1]).float(), False, copy(positions), copy(mask)))
+            *map(host_copy, (scores, *bounds)), False, positions.cpu().clone(), mask.cpu()))
 
     def record_decoding_cut(self, layer_idx: int, kept: torch.Tensor, slots: int, target: int) -> None:
         """A layer of ``slots`` slots was cut while decoding to ``kept``: its positions, its length, and the

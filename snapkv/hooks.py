@@ -198,7 +198,7 @@ class CompressionSession:
                                  "prompt's question and its keys are re-rotated); leave it False")
         self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
         # keep each cut layer's ``Method.ranking_scores`` and bounds (snapkv.ranking_scores): True, or the tolerance
-        self.record_scores = TIE_TOLERANCE if record_scores is True else float(record_scores or 0)
+        self.record_scores = recording_tolerance(record_scores)
         # how many of the next prefills' last tokens are the question (``Method.needs_question_length``): set it
         # before each prefill whose question length differs (the runner does, per prompt)
         self.question_tokens = question_tokens
@@ -677,6 +677,15 @@ class CompressionSession:
             budget = kept.shape[-1]  # what each head really keeps (ChunkKV: whole chunks)
         state.record_layer(idx, budget)
         state.mark_compressed(cache)
+
+
+def recording_tolerance(record_scores) -> float:
+    """``compress(..., record_scores=)``: False (0: nothing recorded), True (``TIE_TOLERANCE``) or a tolerance."""
+    if isinstance(record_scores, bool):
+        return TIE_TOLERANCE if record_scores else 0.0
+    if not isinstance(record_scores, (int, float)) or not 0 < record_scores < 1:
+        raise InputError(f"record_scores={record_scores!r}: give True, False or a relative tolerance in (0, 1)")
+    return float(record_scores)
 
 
 def ragged_layer(state: CacheState, idx: int, keys, values, kept, valid) -> RaggedLayer:

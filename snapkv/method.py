@@ -326,8 +326,8 @@ class Method:
         values it is computed from been rounded otherwise, by ``tolerance`` relative (another machine's float32
         kernels). A cut whose score lies within a position's bounds may fall either way there: a parity check against
         a reference run elsewhere accepts such a difference and no other. By default ``scores`` less and plus
-        ``tolerance`` of their magnitude (at least of ``1e-3``); a method ranking ranks overrides it."""
-        spread = tolerance * scores.abs().clamp(min=1e-3)
+        ``tolerance`` of their magnitude; a method ranking ranks overrides it."""
+        spread = tolerance * scores.abs().clamp(min=torch.finfo(scores.dtype).tiny)
         return scores - spread, scores + spread
 
     def prepare(self, replay) -> None:

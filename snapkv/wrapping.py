@@ -110,11 +110,12 @@ def narrowed(ctx, **changes):
     return replace(ctx, **reset, **changes)
 
 
-def rounding_spread(ctx, score, draws: int = 3, factor: float = 4.0, noise: float = 1e-7) -> torch.Tensor:
+def rounding_spread(ctx, score, draws: int = 3, factor: float = 4.0) -> torch.Tensor:
     """``[b, heads, 1]``: how far rounding moves ``score(ctx)`` per head, measured: ``factor`` times the largest change
-    over ``draws`` rescorings of ``ctx`` with its hidden states, keys and values each multiplied by ``1 + noise * N(0,
-    1)`` (about one float32 rounding; a seeded generator, so the same every run). For a method whose scores pass
-    through ill-conditioned steps (a solve, z-scores), where a relative tolerance on the score itself says little."""
+    over ``draws`` rescorings of ``ctx`` with its hidden states, keys and values each multiplied by ``1 + eps * N(0,
+    1)`` (``eps`` of their dtype: about one rounding; a seeded generator, so the same every run). For a method whose
+    scores pass through ill-conditioned steps (a solve, z-scores), where a relative tolerance says little."""
+    noise = torch.finfo(ctx.keys.dtype).eps
     base = score(ctx)
     generator = torch.Generator().manual_seed(ctx.layer_idx)
     largest = torch.zeros_like(base)

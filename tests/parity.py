@@ -1,6 +1,6 @@
 """Comparing what we keep with what a reference kept on another machine, exact where the decision is clear.
 
-A reference's fixture (kvpress, KVCache-Factory, the official SnapKV) was written on one CPU; float32 kernels round
+A reference's fixture (kvpress's cases, written by kvpress itself) was written on one CPU; float32 kernels round
 differently on another, and where two positions' scores are equal to the last bits (layer 0, where the same token's
 keys have the same norm; LagKV's ranks, equal across partitions) ``topk`` may keep the other one. A (layer, head)
 pair that differs passes as a **tie** only when it keeps as many positions as the reference and the cut (the lowest
@@ -9,7 +9,8 @@ cut: the same over all the layer's heads at once, which may trade positions): ho
 another machine's rounding could move that position's score, ``snapkv.method.TIE_TOLERANCE`` (1e-5) relative
 (``snapkv.ranking_scores``, ``Method.ranking_bounds``). Any other difference fails, as does any difference of a
 method whose cut ranks no per-head scores. Ties are counted (``TIES``) and reported at the end of the run
-(``conftest.py``).
+(``conftest.py``). The official SnapKV's selection and KVCache-Factory's schedules are compared in-process, on the
+same machine's arithmetic (``tests/test_select.py``, ``tests/test_methods.py``), so they need no tolerance.
 """
 from __future__ import annotations
 
@@ -97,16 +98,20 @@ def compare_kept(got: np.ndarray, want: np.ndarray, ranked: list | None = None, 
     return result.reported(label)
 
 
-def tied_at_a_cut(position: int, head: int, cuts: list) -> bool:
-    """Whether ``position`` was at a tie at one of a layer's cuts while decoding (``snapkv.decoding_rankings``):
-    among that cut's slots for ``head``, and the cut's score within what rounding could move its score to."""
+def tied_at_a_cut(position: int, head: int, cuts: list, dropped: bool) -> bool:
+    """Whether ``position`` was at a tie at a cut while decoding (``snapkv.decoding_rankings``): among that cut's
+    slots for ``head``, with the cut's score within what rounding could move its score to. One we ``dropped`` must
+    have been at a tie at the cut that dropped it (the last that saw it); one we hold, at one of the cuts that saw
+    it (the reference dropped it at one of them)."""
+    seen = []
     for cut in cuts:
-        held = cut.positions[0, head].numpy()
-        slots = np.flatnonzero(held == position)
-        if not len(slots):
-            continue
+        slots = np.flatnonzero(cut.positions[0, head].numpy() == position)
+        if len(slots):
+            seen.append((cut, slots[0]))
+    if dropped:
+        seen = seen[-1:]
+    for cut, slot in seen:
         boundary = float(cut.scores[0, head][cut.kept[0, head]].min())
-        slot = slots[0]
         if float(cut.low[0, head, slot]) <= boundary <= float(cut.high[0, head, slot]):
             return True
     return False
@@ -115,8 +120,9 @@ def tied_at_a_cut(position: int, head: int, cuts: list) -> bool:
 def compare_held(got: np.ndarray, want: np.ndarray, cuts: list, label: str = "") -> Comparison:
     """After compression while decoding: ``got``/``want`` ``[layers, heads, positions]`` bool, what each (layer,
     head) holds at the end; ``cuts``: ``snapkv.decoding_rankings`` of our cache. A pair that differs passes as a
-    tie when it holds as many positions and every position held by one side alone was at a tie at one of our cuts
-    of that layer (a swap there decides what the later cuts see, so the difference is the tie's, not a bug's)."""
+    tie when it holds as many positions and every position held by one side alone was at a tie at our cut that
+    dropped it, or (one we hold) at one of our cuts that saw it: a swap there decides what the later cuts see, so
+    the difference is the tie's, not a bug's (``tied_at_a_cut``)."""
     layers, heads, _ = want.shape
     result = Comparison(pairs=layers * heads)
     for layer in range(layers):
@@ -128,7 +134,8 @@ def compare_held(got: np.ndarray, want: np.ndarray, cuts: list, label: str = "")
                 why = f"holds {int(got[layer, head].sum())} positions, the reference {int(want[layer, head].sum())}"
             else:
                 moved = np.flatnonzero(got[layer, head] != want[layer, head])
-                far = [int(p) for p in moved if not tied_at_a_cut(int(p), head, cuts[layer])]
+                far = [int(p) for p in moved
+                       if not tied_at_a_cut(int(p), head, cuts[layer], dropped=not got[layer, head, p])]
                 why = f"positions {far[:4]} were at no tie of our {len(cuts[layer])} cuts" if far else None
             result.add(layer, head, why)
     return result.reported(label)

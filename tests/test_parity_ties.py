@@ -6,6 +6,7 @@ LagKV's ranks, which move together where raw scores of one partition tie."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -118,7 +119,7 @@ def test_compactor_bounds_are_its_measured_spread_and_adakv_takes_its_scorers():
     plain = recorded(snapkv.Compactor(budget=None, ratio=0.5))
     for layer in plain:
         assert bool((layer.low <= layer.scores).all() and (layer.scores <= layer.high).all())
-        default = TIE_TOLERANCE * layer.scores.abs().clamp(min=1e-3)
+        default = TIE_TOLERANCE * layer.scores.abs()
         assert bool(((layer.high - layer.scores) >= default / 2).all())  # halved: (s + d) - s rounds in float32
         assert not layer.across_heads
     assert any(bool(((layer.high - layer.scores) > 10 * TIE_TOLERANCE * layer.scores.abs()).any()) for layer in plain)
@@ -156,3 +157,38 @@ def test_a_position_held_at_the_end_passes_only_if_one_of_our_cuts_while_decodin
     assert "positions [3] were at no tie of our 1 cuts" in compare_held(got, far, [[cut]]).differing[0][2]
     assert "holds 5 positions, the reference 4" in compare_held(got, fewer, [[cut]]).differing[0][2]
     assert not compare_held(got, tied, [[]]).equal  # no cut recorded: nothing can be a tie
+
+
+def test_a_head_adaptive_cut_may_trade_a_position_between_heads_only_at_a_tie():
+    """One cut over the layer's heads: head 0 keeping one position more and head 1 one less passes when both sit at
+    the layer's cut; the same trade with a position far below it fails, and so does a layer keeping more."""
+    scores = torch.tensor([[[0.9, 0.5 * (1 + TIE_TOLERANCE / 4), 0.1, 0.8], [0.7, 0.5, 0.2, 0.6]]])
+    low, high = snapkv.Method.ranking_bounds(None, None, scores, TIE_TOLERANCE)
+    layer = [RankedScores(scores, low, high, True)]
+    got = np.array([[[True, True, False, True], [True, False, False, True]]])  # the top 5 of the layer
+    traded, far, more = got.copy(), got.copy(), got.copy()
+    traded[0, 0, 1], traded[0, 1, 1] = False, True
+    far[0, 0, 1], far[0, 1, 2] = False, True
+    more[0, 1, 1] = True
+    result = compare_kept(got, traded, layer, label="across heads")
+    assert result.ties == [(0, 0), (0, 1)] and result.equal
+    assert TIES.pop("across heads") == [(0, 0), (0, 1)]
+    assert not compare_kept(got, far, layer).equal
+    assert "keeps 6 positions, the reference 5" in compare_kept(more, got, layer).differing[0][2]
+
+
+def test_lagkv_records_rank_bounds_that_reach_its_ties_and_nothing_else():
+    """End to end on a tiny model: a rank's bounds are whole ranks (``rank / lag_size``), the sinks and the tail 1."""
+    lagkv = snapkv.build_config("lagkv", budget=None, ratio=0.5, lag_size=16, n_sink=4)
+    for layer in recorded(lagkv, length=100):
+        steps = torch.cat([(layer.scores - layer.low), (layer.high - layer.scores)]) * 16
+        assert torch.allclose(steps, steps.round(), atol=1e-4) and bool((steps >= 0).all())
+        assert bool((layer.scores[..., :4] == 1).all() and (layer.low[..., :4] == 1).all())
+
+
+def test_record_scores_takes_true_false_or_a_tolerance():
+    model = tiny_model("llama-gqa", seed=3)
+    for wrong in (-1, 1, 2.5, "yes"):
+        with pytest.raises(snapkv.InputError, match="record_scores="):
+            with snapkv.compress(model, snapkv.Knorm(budget=8), record_scores=wrong):
+                pass

@@ -74,7 +74,7 @@ def rank_bounds(raw: torch.Tensor, tolerance: float) -> tuple:
     partition were its raw score and the others' rounded otherwise by ``tolerance`` relative: the positions ranked
     below and above it within that distance."""
     rank = raw.argsort(dim=-1).argsort(dim=-1)
-    near = (raw[..., :, None] - raw[..., None, :]).abs() <= tolerance * raw.abs()[..., :, None].clamp(min=1e-3)
+    near = (raw[..., :, None] - raw[..., None, :]).abs() <= tolerance * raw.abs()[..., :, None]
     below = (near & (rank[..., None, :] < rank[..., :, None])).sum(dim=-1)
     above = (near & (rank[..., None, :] > rank[..., :, None])).sum(dim=-1)
     return below, above
