@@ -20,7 +20,6 @@ SnapKVConfig = METHODS["snapkv"]  # the name the Python API contract (DESIGN.md 
 __all__ = [
     "Method", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "SnapKVConfig",
     "CompressionSession", "compress", "merge_caches", "kept_positions", "ranking_scores", "decoding_rankings",
-    "select_positions",
-    "chunked_mlp",
+    "select_positions", "chunked_mlp",
     *sorted(_METHOD_CLASSES),
 ]

@@ -52,17 +52,19 @@ def ranking_scores(cache) -> list[RankedScores | None]:
 
     Where two positions' scores are equal to the last bits, another machine can keep the other one; these tell
     such a tie from a real difference (the parity tests' tolerance: docs/extending.md)."""
-    state = state_of(cache)
-    if state is None:
-        raise InputError("ranking_scores: this cache was not filled inside snapkv.compress")
-    return [state.ranking_scores.get(idx) for idx in range(len(cache.layers))]
+    return [recorded(cache, "ranking_scores").get(idx) for idx in range(len(cache.layers))]
 
 
 def decoding_rankings(cache) -> list[list[RankedScores]]:
     """``[layer]``: what each of that layer's cuts while decoding ranked (``Method.decodes``; uniform cuts by
     ``prompt_scores``), in order: ``RankedScores`` over the layer's slots at that cut, with the position each slot held
     (``positions``) and the slots it kept (``kept``). Recorded only by ``snapkv.compress(..., record_scores=True)``."""
+    return [recorded(cache, "decoding_rankings").get(idx, []) for idx in range(len(cache.layers))]
+
+
+def recorded(cache, what: str) -> dict:
+    """The cache's ``CacheState`` record ``what`` (layer -> ...), or one line when no session filled the cache."""
     state = state_of(cache)
     if state is None:
-        raise InputError("decoding_rankings: this cache was not filled inside snapkv.compress")
-    return [state.decoding_rankings.get(idx, []) for idx in range(len(cache.layers))]
+        raise InputError(f"{what}: this cache was not filled inside snapkv.compress")
+    return getattr(state, what)
