@@ -49,6 +49,7 @@ from .channels import KeyChannelLayer
 from .decoding_cuts import DecodingBuffer, check_buffer, cut_heads, due, gather_slots, in_score_order, ranked_slots
 from .errors import InputError
 from .method import TIE_TOLERANCE, Method
+from .prefill import PREFILL_CHUNK, ChunkedPrefill, check_chunk
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
 from .rerotation import rerotated_keys
 from .timing import Clock, Ledger
@@ -80,6 +81,14 @@ class LayerContext:
     #                                                decoded tokens is ``hidden_states``)
     question_tokens: int | None = None             # how many of the prompt's last tokens are its question, for a
     #                                                method asking (``Method.needs_question_length``)
+    pass_tokens: int = 0                           # tokens of this pass (the whole prompt at a prefill), of which
+    #                                                ``hidden_states`` holds the last rows (every one unless the
+    #                                                settings read fewer: ``Method.prefill_rows``); 0: as many as
+    #                                                ``hidden_states`` has
+
+    def __post_init__(self):
+        if not self.pass_tokens:
+            self.pass_tokens = self.hidden_states.shape[1]
 
     def shared(self, key, compute):
         """``compute()`` once per layer and prefill for every setting asking with the same ``key``
@@ -177,7 +186,7 @@ class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
     def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens=None,
-                 record_scores: bool | float = False):
+                 record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
@@ -199,6 +208,9 @@ class CompressionSession:
         self.tokenizer = tokenizer  # for a method with prompts of its own (KVzip's reconstruction)
         # keep each cut layer's ``Method.ranking_scores`` and bounds (snapkv.ranking_scores): True, or the tolerance
         self.record_scores = recording_tolerance(record_scores)
+        # prefills run layer by layer in chunks of this many tokens (snapkv.prefill); None: the model's own pass
+        self.prefill_chunk = check_chunk(prefill_chunk)
+        self._chunked: ChunkedPrefill | None = None
         # how many of the next prefills' last tokens are the question (``Method.needs_question_length``): set it
         # before each prefill whose question length differs (the runner does, per prompt)
         self.question_tokens = question_tokens
@@ -233,6 +245,9 @@ class CompressionSession:
             self._handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
             if self._keeps_projections:
                 self._handles.append(attn.q_proj.register_forward_hook(self._projection_keeper(attn)))
+        if self.prefill_chunk is not None:
+            self._chunked = ChunkedPrefill(self.model, self.decoder, self.layers, self.prefill_chunk)
+            self._chunked.attach()
         if hasattr(self.model, "generate"):
             self._generate = self.model.generate
             self.model.generate = checked_generate(self.model, self._generate)
@@ -242,6 +257,9 @@ class CompressionSession:
             handle.remove()
         self._handles.clear()
         self._projections.clear()
+        if self._chunked is not None:
+            self._chunked.detach()
+            self._chunked = None
         for attn, groups in self._groups.items():
             attn.num_key_value_groups = groups
             if attn.config._attn_implementation in (RAGGED_ATTENTION, HEADWISE_ATTENTION):  # raised midway
@@ -269,6 +287,8 @@ class CompressionSession:
 
     # -- decoder-level hooks ----------------------------------------------------------------
     def _before_decoder(self, module, args, kwargs):
+        if self._chunked is not None:
+            self._chunked.end()  # a pass that raised midway left its chunks behind
         cache = cache_argument(kwargs)
         tokens = kwargs.get("input_ids")
         if tokens is None:
@@ -292,6 +312,9 @@ class CompressionSession:
             self.state = state
             self.caches = [cache] + [sibling for sibling, _ in state.siblings]
             self.compression = Ledger()
+            if self._chunked is not None and q_len > 1 and self._chunked.takes(kwargs, module.config):
+                self._chunked.begin(kwargs, tokens, self._prefill_tail(q_len, state.question_tokens))
+                return args, kwargs
             return (args, kwargs) if created else None
         if not state.compressed:  # e.g. full KV, or a prompt within the budget: a plain cache
             state.advance(q_len)
@@ -310,6 +333,12 @@ class CompressionSession:
         # no kept padding: causal masking is right for every layer, whatever its length (a
         # multi-token continuation gets a per-layer mask in _before_attention)
         return args, kwargs
+
+    def _prefill_tail(self, q_len: int, question_tokens: int | None) -> int | None:
+        """How many of the prompt's last rows the settings read the layer input of (``Method.prefill_rows``): the
+        chunked prefill's last chunk is at least that long; None: every row (one chunk)."""
+        rows = [cfg.prefill_rows(q_len, question_tokens) if cfg.compresses else 0 for cfg in self.cfgs]
+        return None if any(r is None for r in rows) else max(rows)
 
     @staticmethod
     def _wants_cache(module, kwargs) -> bool:
@@ -378,6 +407,8 @@ class CompressionSession:
         return question
 
     def _after_decoder(self, module, args, kwargs, output):
+        if self._chunked is not None:
+            self._chunked.end()
         cache = cache_argument(kwargs)
         state = state_of(cache) if cache is not None else None
         if state is None:
@@ -518,6 +549,9 @@ class CompressionSession:
             if state.cfg is not None and state.cfg.decodes:
                 self._decoding_pass(module, args, kwargs, cache, state)
             return None
+        chunked = self._chunked.running if self._chunked is not None else None
+        if chunked is not None and not chunked.last:
+            return None  # the layer's keys are not all written yet: it is compressed after its last chunk
         idx = module.layer_idx
         layer = cache.layers[idx]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -526,7 +560,8 @@ class CompressionSession:
             weights = output[1]  # eager attention's own (sdpa and flash return None)
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
                            idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device),
-                           weights=weights, question_tokens=state.question_tokens)
+                           weights=weights, question_tokens=state.question_tokens,
+                           pass_tokens=chunked.length if chunked is not None else 0)
         # the siblings first: the first setting's own cache layer is replaced last
         for target, target_state in [*state.siblings, (cache, state)]:
             known, ctx.reads = set(ctx.spans), set()
@@ -609,8 +644,8 @@ class CompressionSession:
             state.record_layer(idx, length)
             return
         window = cfg.recent_window(idx, ctx.num_layers, length)
-        if ctx.hidden_states.shape[1] < window:
-            raise InputError(f"{cfg.method}: a later turn of {ctx.hidden_states.shape[1]} tokens is shorter than "
+        if ctx.pass_tokens < window:
+            raise InputError(f"{cfg.method}: a later turn of {ctx.pass_tokens} tokens is shorter than "
                              f"window={window}; it cannot be compressed "
                              "(compress_later_turns=False appends it as it is)")
         with torch.no_grad():
@@ -697,7 +732,7 @@ def ragged_layer(state: CacheState, idx: int, keys, values, kept, valid) -> Ragg
 
 @contextmanager
 def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens: int | None = None,
-             record_scores: bool | float = False):
+             record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
 
     ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
@@ -716,8 +751,12 @@ def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, que
     (``Method.needs_question_length``, FINCH); it holds for every prefill until ``session.question_tokens`` is
     set to another value (set it before each prefill whose question length differs). ``record_scores``: keep the
     scores each cut layer ranked and how far rounding could move them (``snapkv.ranking_scores(cache)``; True: by
-    ``snapkv.method.TIE_TOLERANCE`` relative, or a float: by that; a copy per layer, off by default)."""
-    session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens, record_scores)
+    ``snapkv.method.TIE_TOLERANCE`` relative, or a float: by that; a copy per layer, off by default).
+    ``prefill_chunk``: a prefill runs each layer over chunks of this many tokens, holding the residual stream, one
+    layer's keys and values and buffers of the chunk's size (``snapkv.prefill``); None: the model's own one-pass
+    prefill."""
+    session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens, record_scores,
+                                 prefill_chunk)
     session.attach()
     try:
         yield session

@@ -358,6 +358,13 @@ class Method:
         Padded positions need no special score: ``top_positions`` ranks each row on its real tokens."""
         raise NotImplementedError
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int | None:
+        """How many of a prefill's last positions ``select`` reads the layer input of (``ctx.hidden_states``, its
+        queries and position embeddings), for a prompt of ``length`` tokens; None: every position. A chunked
+        prefill (``snapkv.prefill``) keeps only the last chunk's rows, at least this many; None runs each layer in
+        one chunk, as long as the prompt. Default None: a method reading fewer says so."""
+        return None
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """For the memory planner (``snapkv.memory``): the bytes this method's scoring allocates at its
         largest while one layer of ``length`` tokens is compressed, beside that layer's full K and V

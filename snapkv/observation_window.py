@@ -43,5 +43,8 @@ class WindowVoteMethod(Method):
         votes, _ = window_votes(ctx, self.window)
         return aggregate_heads(pool(votes, self.pooling, self.kernel), ctx.keys.shape[1], self.gqa)
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return self.window  # the window's queries
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return window_scores_bytes(shape, self.window, length, batch, nbytes)

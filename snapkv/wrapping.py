@@ -35,6 +35,10 @@ class ScorerWrapper:
     def _scorer_has_epsilon(self) -> bool:
         return "epsilon" in {f.name for f in fields(METHODS[self.scorer])}
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int | None:
+        """The wrapped method's rows (``Method.prefill_rows``)."""
+        return self.scorer_config().prefill_rows(length, question_tokens)
+
     def scorer_config(self) -> Method:
         """The wrapped method, with this one's budget or ratio, window, kernel, pooling and GQA reduction (and
         ``scorer_epsilon`` as its ``epsilon`` where it has one), as kvpress composes presses (the wrapper's
@@ -79,7 +83,7 @@ class WrapperMethod(ScorerWrapper, Method):
 
     def check_turn(self, ctx) -> None:
         """A later turn (``compress_later_turns``) shorter than the scorer's window cannot be scored."""
-        turn, length = ctx.hidden_states.shape[1], ctx.keys.shape[-2]
+        turn, length = ctx.pass_tokens, ctx.keys.shape[-2]
         window = self.scorer_window(ctx.layer_idx, ctx.num_layers, length)
         if turn < length and turn <= window:
             raise InputError(f"{self.method}: a later turn of {turn} tokens is not longer than the scorer's "
@@ -105,8 +109,11 @@ def narrowed(ctx, **changes):
     """``ctx`` with ``changes`` (other keys, values, hidden states...) and nothing computed for the whole layer
     carried over: no shared score, no query projection or attention weights of the module's own call."""
     reset = {"memo": {}, "spans": {}, "reads": set(), "projected_queries": None}
-    if "weights" in {f.name for f in fields(ctx)}:
+    names = {f.name for f in fields(ctx)}
+    if "weights" in names:
         reset["weights"] = None
+    if "pass_tokens" in names and "hidden_states" in changes and "pass_tokens" not in changes:
+        reset["pass_tokens"] = 0  # as many as the new hidden states
     return replace(ctx, **reset, **changes)
 
 
@@ -137,16 +144,18 @@ def row_contexts(ctx) -> list:
     batch = ctx.keys.shape[0]
     if batch == 1 and ctx.pad_mask is None:
         return [(0, 0, ctx)]
-    if ctx.hidden_states.shape[1] != ctx.keys.shape[-2]:
+    length = ctx.keys.shape[-2]
+    if ctx.pass_tokens != length:
         raise InputError("a later turn of a batch cannot be compressed row by row (compress_later_turns=False "
                          "appends it as it is)")
     pads = [0] * batch if ctx.pad_mask is None else (~ctx.pad_mask).sum(dim=1).tolist()
+    held = ctx.hidden_states.shape[1]  # the last rows of the prompt (a chunked prefill's last chunk)
     out = []
     for row, pad in enumerate(pads):
-        def cut(tensor, row=row, pad=pad):  # [b or 1, L, ...] -> the row's real positions
-            return (tensor[row:row + 1] if tensor.shape[0] > 1 else tensor)[:, pad:]
+        def cut(tensor, row=row, first=max(0, pad - (length - held))):  # the row's real positions among them
+            return (tensor[row:row + 1] if tensor.shape[0] > 1 else tensor)[:, first:]
         cos, sin = ctx.position_embeddings
-        out.append((row, pad, narrowed(ctx, hidden_states=cut(ctx.hidden_states),
+        out.append((row, pad, narrowed(ctx, hidden_states=cut(ctx.hidden_states), pass_tokens=length - pad,
                                        position_embeddings=(cut(cos), cut(sin)), keys=ctx.keys[row:row + 1, :, pad:],
                                        values=ctx.values[row:row + 1, :, pad:], pad_mask=None)))
     return out

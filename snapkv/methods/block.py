@@ -43,10 +43,13 @@ class Block(WrapperMethod):
         if self.ratio is None and self.budget <= scorer_window:
             raise InputError(f"budget={self.budget} must be larger than the scorer's window={scorer_window}")
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> None:
+        return None  # every position's hidden states, gathered block by block
+
     def check_turn(self, ctx) -> None:
         """A later turn (``compress_later_turns``) cannot be taken block by block: kvpress's ``BlockPress``
         gathers the hidden states of the positions it scores, which a later turn does not have."""
-        if ctx.hidden_states.shape[1] != ctx.keys.shape[-2]:
+        if ctx.pass_tokens != ctx.keys.shape[-2]:
             raise InputError("block: a later turn cannot be compressed (its earlier positions have no hidden states "
                              "to score them block by block); compress_later_turns=False appends it as it is")
 

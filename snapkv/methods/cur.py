@@ -98,6 +98,9 @@ class CUR(WholePromptMethod):
             ctx.keys[rows, :, first:], ctx.values[rows, :, first:], self.num_sinks, self.leverage_type,
             projection, window))
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # keys and values alone
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The squared keys (and values), or their projections; then a few scores per position."""
         squares = batch * shape.kv_heads * length * shape.head_dim * nbytes

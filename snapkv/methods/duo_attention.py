@@ -332,6 +332,9 @@ class DuoAttention(Method):
             return float(self._streaming[layer_idx].float().mean())
         return self.head_ratio
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # its heads' patterns, fixed per model
+
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         """The mean tokens a KV head of the layer keeps (rounded; at least one fewer than ``length`` where a head
         is cut): ``length`` where no head streams or the prompt is within ``sink + recent``."""

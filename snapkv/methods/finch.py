@@ -98,6 +98,9 @@ class Finch(WholePromptMethod):
                 for start in range(0, length, self.chunk_length)], dim=-1)
         return kept.sort(dim=-1).values, None
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int | None:
+        return question_tokens  # the question's queries (None, not told: every row)
+
     def prompt_scores(self, ctx) -> torch.Tensor:
         """``[b, kv_heads, L]``: the question's (normalised) attention over the earlier positions, averaged over
         its queries and each KV group, the question itself above every other position (kvpress's ``max + 1``)."""

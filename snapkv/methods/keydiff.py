@@ -36,6 +36,9 @@ class KeyDiff(WholePromptMethod):
     def score(self, ctx):
         return by_real_rows(ctx.pad_mask, lambda rows, first: keydiff_scores(ctx.keys[rows, :, first:]))
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # the keys alone
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The normalised keys of one layer and the cosine similarities' products."""
         return 2 * batch * shape.kv_heads * length * shape.head_dim * nbytes + votes_bytes(shape, length, batch)

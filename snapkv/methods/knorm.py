@@ -31,5 +31,8 @@ class Knorm(WholePromptMethod):
         keys = ctx.keys
         return -torch.linalg.vector_norm(keys, dim=-1, dtype=torch.promote_types(keys.dtype, torch.float32))
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # the keys alone
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return votes_bytes(shape, length, batch)

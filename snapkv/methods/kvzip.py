@@ -95,6 +95,9 @@ class KVzip(WholePromptMethod):
         """Per layer ``(kept, valid)``, as ``Method.select`` returns them."""
         return [pack(keep) for keep in self.keep_per_layer(scores)]
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # its replay after the prefill
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scores of every layer, one replay layer's copy of K and V with the chunk's tokens, and the
         chunk's attention (every query head x its request x the sinks, chunk and request)."""

@@ -119,6 +119,9 @@ class LagKV(WholePromptMethod):
                         for steps in rank_bounds(raw, tolerance))
         return scores - below, scores + above
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # keys and values alone
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The scaled copy of the partitioned keys (then values) and its deviation, the ranks, the scores."""
         scaled = 2 * batch * shape.kv_heads * length * shape.head_dim * nbytes

@@ -29,5 +29,8 @@ class RandomKeep(Method):
         generator = torch.Generator().manual_seed(self.seed * 100_003 + ctx.layer_idx)
         return torch.rand(b, n_kv, length - self.window, generator=generator).to(keys.device)
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # no input at all
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return votes_bytes(shape, length, batch)

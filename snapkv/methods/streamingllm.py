@@ -81,5 +81,8 @@ class StreamingLLM(Method):
         kept = (rank >= 0) & ((rank < self.sink_tokens) | (rank >= self.sink_tokens + pruned))
         return kept.to(keys.dtype)[:, None, :].expand(b, n_kv, length)
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 0  # positions alone
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return votes_bytes(shape, length, batch)

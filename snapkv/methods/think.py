@@ -106,6 +106,9 @@ class ThinK(Method):
     def stored_key_channels(self, head_dim: int) -> int:
         return head_dim - int(head_dim * self.key_channel_ratio)
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return self.window  # the window's queries
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         """The window's queries and their squares, then the keys squared (kvpress's ``pow``: one layer's keys);
         the kept channels gathered afterwards take less than the latter."""

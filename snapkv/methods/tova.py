@@ -62,5 +62,8 @@ class TOVA(WholePromptMethod):
         b, _, n = attention.shape
         return attention.mean(dim=1, keepdim=True).expand(b, n_kv, n)
 
+    def prefill_rows(self, length: int, question_tokens: int | None) -> int:
+        return 1  # the last query's attention
+
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
         return window_scores_bytes(shape, 1, length, batch, nbytes)
