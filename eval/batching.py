@@ -98,7 +98,7 @@ class AutoSize:
     def __init__(self, options: BatchOptions, model_cfg, compressors: list, device, together: bool):
         from snapkv.memory import plan_shared
 
-        from .runner import model_architecture
+        from .runner import chunking, model_architecture
         self.options, self.compressors, self.together = options, compressors, together
         self.plan_shared = plan_shared
         try:
@@ -108,7 +108,7 @@ class AutoSize:
             raise InputError(f"batch.items=auto: {exc}; give batch.items=N") from None
         self.kwargs = dict(dtype=str(model_cfg.dtype) if model_cfg.dtype != "auto" else "bfloat16",
                            attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
-                           mlp_chunk=model_cfg.get("mlp_chunk"), device=str(device))
+                           **chunking(model_cfg), device=str(device))
         self.budget = int(self._memory(device) * (1 - options.margin))
         self._cache: dict = {}
 

@@ -161,7 +161,7 @@ def run(task: PredictionTask, cfg):
 
 
 def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> None:
-    from .runner import Runner, load_model, load_tokenizer
+    from .runner import Runner, chunking, load_model, load_tokenizer
     tokenizer = load_tokenizer(cfg.model)
     task.prepare(cfg, tokenizer, work)
     for one in runs:
@@ -169,7 +169,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
             save_run_metadata(one.cfg, one.out, one.compressor, task.metadata(one.cfg))
     device = resolve_device(cfg)
     model, _ = load_model(cfg.model, device, with_tokenizer=False)
-    runner = Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk"))
+    runner = Runner(model, tokenizer, **chunking(cfg.model))
     runner.token_progress = getattr(task, "token_progress", None)  # a task counting its answers' tokens as they come
     shared = len(runs) > 1
     progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),

@@ -42,7 +42,7 @@ def offline_architecture(model_cfg) -> dict:
     """The model's architecture without weights or the network: the config's ``architecture``, the
     GGUF's header of a ``package_file``, or a ``config.json`` already on this machine."""
     from transformers import AutoConfig
-    from .runner import model_architecture, packaged_file
+    from .runner import chunking, model_architecture, packaged_file
     if model_cfg.get("architecture"):
         return model_architecture(model_cfg)
     if model_cfg.get("package_file"):
@@ -79,7 +79,7 @@ def planned_peak(cfg, compressors: list) -> tuple[int, int]:
     together = bool((cfg.get("shared_prefill") or {}).get("decode_together", False))
     planned = plan_shared(offline_architecture(model), length, compressors, dtype=dtype,
                           attn_implementation=model.get("attn_implementation", "sdpa"),
-                          mlp_chunk=model.get("mlp_chunk"), decode_tokens=new_tokens, decode_together=together)
+                          **chunking(model), decode_tokens=new_tokens, decode_together=together)
     return planned["peak_bytes"], length
 
 

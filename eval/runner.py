@@ -17,6 +17,7 @@ import torch
 
 import snapkv
 from snapkv.errors import InputError, check_choice
+from snapkv.prefill import PREFILL_CHUNK
 from snapkv.ragged import storage_alternatives
 
 from .decoding import Limits, Member, decode, sync
@@ -296,12 +297,21 @@ def cheapest_cuts(sizes: list[int], fixed: int) -> list[tuple[int, int]]:
     return out[::-1]
 
 
-class Runner:
-    """Greedy decoding with a compressor; the prefill computes logits for the last position only."""
+def chunking(model_cfg) -> dict:
+    """The model section's chunking of long prefills (``mlp_chunk``, ``prefill_chunk``), as ``Runner`` and
+    ``snapkv.memory.plan`` take it."""
+    return {"mlp_chunk": model_cfg.get("mlp_chunk"), "prefill_chunk": model_cfg.get("prefill_chunk", PREFILL_CHUNK)}
 
-    def __init__(self, model, tokenizer=None, mlp_chunk: int | None = None):
+
+class Runner:
+    """Greedy decoding with a compressor; the prefill computes logits for the last position only. ``prefill_chunk``:
+    each compressing prefill runs layer by layer in chunks of this many tokens (``snapkv.prefill``; None: the
+    model's own one-pass prefill)."""
+
+    def __init__(self, model, tokenizer=None, mlp_chunk: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK):
         self.model, self.tokenizer = model, tokenizer
         self.mlp_chunk = mlp_chunk
+        self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.token_kv_bytes = kv_bytes_per_token(model)
@@ -311,7 +321,8 @@ class Runner:
     def _compressing(self, compressors: list):
         """The compression session of ``compressors`` (and the chunked MLP where set) around prefills."""
         chunk = snapkv.chunked_mlp(self.model, self.mlp_chunk) if self.mlp_chunk else nullcontext()
-        with snapkv.compress(self.model, list(compressors), tokenizer=self.tokenizer) as session, chunk:
+        with snapkv.compress(self.model, list(compressors), tokenizer=self.tokenizer,
+                             prefill_chunk=self.prefill_chunk) as session, chunk:
             yield session
 
     def _prefill(self, session, ids: torch.Tensor, **kwargs) -> Prefill:

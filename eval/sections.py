@@ -57,6 +57,7 @@ class ModelSection:
     use_fast_tokenizer: bool = True
     device_map: Any = None
     mlp_chunk: Optional[int] = None
+    prefill_chunk: Optional[int] = 2048   # a compressing prefill's chunk (snapkv.prefill); null: the model's one pass
 
 
 @dataclass

@@ -18,7 +18,9 @@ measures above a model that has run one token, so those are outside its numbers 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from .errors import InputError
+from .prefill import PREFILL_CHUNK
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
@@ -107,13 +109,15 @@ def repeated_kv_bytes(s: Shape, gqa: str, length: int, batch: int, nbytes: int) 
 
 def window_scores_bytes(s: Shape, window: int, length: int, batch: int, nbytes: int) -> int:
     """The observation-window vote of SnapKV and PyramidKV (``snapkv.select.window_attention``): the
-    window's queries, the window x L float32 scores, probabilities and their cast of a chunk of KV
-    heads at a time, then the votes and their pooled copy."""
+    window's queries, the window x L scores (scaled in place), their float32 softmax and its cast of a chunk
+    of KV heads at a time, then the votes: their sum and mean over the window per chunk of heads and each
+    concatenated, the pooled copy and its reduction over each KV group (six float32 values per head and position
+    at most; pinned by ``tests/test_prefill_memory.py``)."""
     queries = batch * s.heads * window * s.head_dim * nbytes
     group = s.heads // s.kv_heads
-    per_kv_head = batch * group * window * length * 4
-    chunk = max(1, min(s.kv_heads, _SELECTION_CHUNK // max(per_kv_head, 1)))
-    return queries + 3 * chunk * per_kv_head + batch * s.heads * length * 4 * 2
+    per_kv_head = batch * group * window * length
+    chunk = max(1, min(s.kv_heads, _SELECTION_CHUNK // max(per_kv_head * 4, 1)))
+    return queries + chunk * per_kv_head * softmax_bytes(nbytes) + batch * s.heads * length * 4 * 6
 
 
 def votes_bytes(s: Shape, length: int, batch: int) -> int:
@@ -130,8 +134,11 @@ def compression_transient(s: Shape, compressor, length: int, batch: int, nbytes:
 
 def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfloat16",
          attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
-         device: str = "cuda", padded: bool = False) -> dict:
-    """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks)."""
+         device: str = "cuda", padded: bool = False, prefill_chunk: int | None = PREFILL_CHUNK,
+         question_tokens: int | None = None) -> dict:
+    """Predicted bytes by term, and ``peak_bytes`` (the largest of the prefill and decode peaks).
+    ``prefill_chunk``: the session's chunked prefill (``snapkv.prefill``, the default), None: the model's own
+    one-pass prefill; ``question_tokens``: the question's length, for a method reading it (FINCH)."""
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPE_BYTES)}")
     s, n = Shape.of(config, device), DTYPE_BYTES[dtype]
@@ -144,28 +151,22 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     key_dim = compressor.stored_key_channels(s.head_dim) if compresses else s.head_dim
     index = channel_index_bytes(s, key_dim, batch)
     after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n, key_dim) + s.layers * index
-    rows = min(length, mlp_chunk) if mlp_chunk else length
-    hidden = 3 * batch * length * s.hidden * n
-    qkv = batch * length * (s.heads + 2 * s.kv_heads) * s.head_dim * n + batch * length * s.heads * s.head_dim * n
-    if attn_implementation == "eager":
-        # the L x L scores in the model dtype, the float32 softmax of them, and its cast back, beside
-        # the additive L x L mask transformers builds in the model dtype
-        scores = batch * s.heads * length * length * softmax_bytes(n) + batch * length * length * n
-    else:
-        scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
-        if padded:
-            scores += batch * length * length  # the boolean padding mask transformers builds for sdpa
-    mlp = s.mlp_activations(batch * rows, n)
-    logits = batch * s.vocab * 4
-    # the compression runs inside the attention of the layer, beside that layer's query states
-    queries = batch * length * s.heads * s.head_dim * n
-    selection = queries + compression_transient(s, compressor, length, batch, n) if compresses else 0
-    transient = hidden + max(qkv + scores, mlp, selection) + logits
     # KV the prefill holds while the last layer runs: full KV of every layer, or the compressed
-    # earlier layers plus the current one at full length.
-    held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if not compresses \
-        or compressor.scores_after_prefill else \
+    # earlier layers plus the current one at full length (and once it is compressed: what is kept)
+    keeps_all = not compresses or compressor.scores_after_prefill
+    held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if keeps_all else \
         after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n, key_dim) - index + one_layer_full
+    held_after = held if keeps_all else after_prefill
+    if prefill_chunk is None:
+        transient = one_pass_transient(s, compressor if compresses else None, length, batch, n, attn_implementation,
+                                       mlp_chunk, padded)
+        transient_after = 0
+    else:  # what a chunk holds beside the layer's full keys and values, and once they are compressed
+        stored = kv_bytes(s, [max(kept)], heads, batch, n, key_dim) if compresses else 0
+        transient, transient_after = chunked_transient(s, compressor if compresses else None, length, batch, n,
+                                                       attn_implementation, prefill_chunk, padded, question_tokens,
+                                                       stored)
+        transient_after += held_after - held
     weights = s.parameters() * n
     appended = decode_tokens
     if compresses and compressor.head_adaptive and decode_tokens:  # ragged layers append into doubling room
@@ -177,12 +178,98 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
         decode_cache += kv_bytes(s, [max(kept) + appended // 2], heads, batch, n)
     if compresses and compressor.decodes and decode_tokens:
         decode_cache = decoding_cache_bytes(s, compressor, kept, length, decode_tokens, heads, batch, n)
+    transient = max(transient, transient_after)
     prefill_peak = weights + held + transient
     decode_peak = weights + decode_cache + batch * s.vocab * 4 + 4 * batch * s.hidden * n
     return {"weights_bytes": weights, "kv_cache_bytes": after_prefill, "prefill_kv_held_bytes": held,
             "prefill_transient_bytes": transient, "prefill_peak_bytes": prefill_peak,
             "decode_peak_bytes": decode_peak, "peak_bytes": max(prefill_peak, decode_peak),
             "peak_above_weights_bytes": max(prefill_peak, decode_peak) - weights}
+
+
+def chunk_rows(length: int, compressor, chunk: int, question_tokens: int | None = None) -> int:
+    """The rows of a chunked prefill's longest chunk: ``chunk``, or the last chunk's (the rows the setting reads,
+    ``Method.prefill_rows``: every row for None)."""
+    tail = compressor.prefill_rows(length, question_tokens) if compressor is not None else 0
+    return length if tail is None else min(length, max(chunk, tail))
+
+
+def chunked_transient(s: Shape, compressor, length: int, batch: int, n: int, attn_implementation: str,
+                      chunk: int, padded: bool, question_tokens: int | None = None,
+                      stored: int = 0) -> tuple[int, int]:
+    """What a chunked prefill (``snapkv.prefill``) holds beside the weights and the KV: the residual stream and the
+    token and position ids of every position, and the largest of its phases on a chunk of ``c`` rows at the end of
+    the prompt (its keys over every position):
+
+    - attention: the normed rows, q/k/v, their RoPE'd copies and RoPE's temporaries, the attention's own buffers
+      (``split_attention`` on a CPU with sdpa and no padding: the queries stacked by KV head, both halves' outputs
+      and log-sum-exps, the chunk's own keys repeated to every query head, the float32 merge; elsewhere the chunk x
+      L mask transformers builds, eager's chunk x L scores and float32 softmax, and sdpa's keys and values repeated
+      to every query head where a mask keeps it off its GQA kernels), the output, its transposed copy, o_proj's;
+    - MLP: the residual sum, the normed rows and the RMSNorm's float32 temporaries, the MLP's activations;
+    - compression (after the last chunk's attention): the chunk's normed rows and attention output beside the
+      method's term (``Method.compression_bytes``), a kept q_proj output for a method reading every query, and the
+      layer's kept keys and values (``stored``) gathered while its full ones are still held;
+    - the end: the final norm's float32 temporaries and the last position's logits.
+
+    Returns the largest beside the layer's full keys and values (every chunk's attention and compression, and the
+    MLP of every chunk but the last) and the largest after its compression (the last chunk's MLP, the end)."""
+    c = chunk_rows(length, compressor, chunk, question_tokens)
+    rows, hidden, d = batch * c, s.hidden, s.head_dim
+    q_width, kv_width = s.heads * d, s.kv_heads * d
+    residual = batch * length * hidden * n + batch * length * 8 + length * 8 + (batch * length * 8 if padded else 0)
+    normed = rows * hidden * n + 2 * rows * d * n  # the chunk's normed rows (and its cos and sin)
+    # RoPE: q, k, v beside q * cos, rotate_half(q) and its product with sin; then k's, beside q's result
+    rope = normed + rows * (q_width + 2 * kv_width) * n + rows * max(3 * q_width, q_width + 3 * kv_width) * n
+    grouped = s.heads != s.kv_heads
+    if attn_implementation == "sdpa" and s.device == "cpu" and not padded:  # split_attention
+        attention = rows * q_width * (2 * n + 2 * 4)  # both halves' outputs, the float32 merge's two terms
+        if grouped:
+            attention += 3 * rows * q_width * n  # the queries stacked by KV head, the chunk's keys repeated
+    else:
+        attention = rows * q_width * n + batch * c * length * (n if attn_implementation == "eager" else 1)
+        if attn_implementation == "eager":
+            attention += batch * s.heads * c * length * softmax_bytes(n)
+        elif grouped and attn_implementation == "sdpa" and (padded or length > c):
+            attention += 2 * batch * s.heads * length * d * n  # repeated keys and values: a mask keeps GQA off
+    attention_phase = max(rope, normed + rows * q_width * n + attention)
+    # the residual sum and its norm, then gate/up/their product (the norm's float32 temporaries are fewer)
+    mlp_phase = 2 * normed + max(s.mlp_activations(rows, n), rows * hidden * 4 * 2)
+    compression_phase = 0
+    if compressor is not None:  # after the last chunk's attention: its normed rows and o_proj output
+        kept_queries = rows * q_width * n if compressor.reads_every_query or compressor.needs_attention_weights else 0
+        compression_phase = 2 * normed + kept_queries + stored + compression_transient(s, compressor, length,
+                                                                                        batch, n)
+    end = rows * hidden * 4 * 2 + batch * s.vocab * 4
+    if c >= length:  # one chunk: its MLP runs once the layer is compressed
+        return residual + max(attention_phase, compression_phase), residual + max(mlp_phase, end)
+    return residual + max(attention_phase, mlp_phase, compression_phase), residual + end
+
+
+def one_pass_transient(s: Shape, compressor, length: int, batch: int, n: int, attn_implementation: str,
+                       mlp_chunk: int | None, padded: bool) -> int:
+    """What the model's own one-pass prefill holds beside the weights and the KV (``prefill_chunk=None``), the
+    estimate this planner made before the chunked prefill (not pinned by a measurement: it leaves out RoPE's
+    temporaries and the concatenated copy of the layer's keys and values, about 10% of an LWM-7B prefill): the
+    embedding output, the residual and the normed sequence, and the largest of: q/k/v over every position and the
+    attention (eager: the L x
+    L scores and their float32 softmax, beside the additive L x L mask; fused kernels: tiles; a padded batch: the
+    boolean L x L mask sdpa is given); the MLP's activations (of ``mlp_chunk`` rows where set); the compression
+    beside the layer's query states; then the last position's logits."""
+    rows = min(length, mlp_chunk) if mlp_chunk else length
+    hidden = 3 * batch * length * s.hidden * n
+    qkv = batch * length * (s.heads + 2 * s.kv_heads) * s.head_dim * n + batch * length * s.heads * s.head_dim * n
+    if attn_implementation == "eager":
+        scores = batch * s.heads * length * length * softmax_bytes(n) + batch * length * length * n
+    else:
+        scores = batch * s.heads * min(length, 1024) * 4 * 2  # fused kernels: tiles, not L x L
+        if padded:
+            scores += batch * length * length  # the boolean padding mask transformers builds for sdpa
+    mlp = s.mlp_activations(batch * rows, n)
+    logits = batch * s.vocab * 4
+    queries = batch * length * s.heads * s.head_dim * n
+    selection = queries + compression_transient(s, compressor, length, batch, n) if compressor is not None else 0
+    return hidden + max(qkv + scores, mlp, selection) + logits
 
 
 def decoding_cache_bytes(s: Shape, compressor, kept: list[int], length: int, decode_tokens: int, heads: int,
@@ -221,7 +308,8 @@ def longest_fitting(config, memory_bytes: int, compressor=None, limit: int = 4_1
 
 def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: str = "bfloat16",
                 attn_implementation: str = "sdpa", mlp_chunk: int | None = None, decode_tokens: int = 0,
-                decode_together: bool = False, device: str = "cuda", padded: bool = False) -> dict:
+                decode_together: bool = False, device: str = "cuda", padded: bool = False,
+                prefill_chunk: int | None = PREFILL_CHUNK) -> dict:
     """A shared prefill of several settings (``snapkv.compress(model, [a, b, ...])``): every kept cache
     plus the largest transient. While the last layer runs, each setting holds its earlier layers as it
     keeps them and that layer's full KV is held once; the settings score one after another, so the
@@ -232,7 +320,7 @@ def plan_shared(config, length: int, compressors: list, batch: int = 1, dtype: s
     if not compressors:
         raise InputError("compressors=[]: plan at least one setting")
     kw = dict(batch=batch, dtype=dtype, attn_implementation=attn_implementation, mlp_chunk=mlp_chunk,
-              decode_tokens=decode_tokens, device=device, padded=padded)
+              decode_tokens=decode_tokens, device=device, padded=padded, prefill_chunk=prefill_chunk)
     plans = [plan(config, length, c if c is not None and c.compresses else None, **kw) for c in compressors]
     s, n = Shape.of(config), DTYPE_BYTES[dtype]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)

@@ -15,7 +15,10 @@ prompt instead (``prefill_chunk`` tokens; the last chunk at least as long as the
 - each chunk's output is written back over its rows of the residual stream (they are no longer read: later
   chunks read the keys and values of earlier rows from the buffer), which is the embedding output itself;
 - the rotary embedding is computed per chunk (``DeferredRotary``), the model-level mask is not built at all
-  (a zero-stride stand-in, ``_no_mask``), and the final norm runs chunk by chunk in place.
+  (a zero-stride stand-in, ``_no_mask``), and the final norm runs chunk by chunk in place;
+- with sdpa on a CPU and no padding, a chunk's attention runs without a mask (``split_attention``): its queries
+  over the earlier keys (every one visible) and over its own keys (causal), merged by their log-sum-exp, so no
+  ``chunk x L`` mask is built and no masked triangle computed; elsewhere the model's own attention takes the mask.
 
 So a prefill holds the residual stream, one layer's full K and V, the compressed caches and buffers of the
 chunk's size; ``snapkv.memory.plan`` counts exactly that. Rows are computed as the one-pass prefill computes them
@@ -28,6 +31,7 @@ quadratic or whole-prompt anyway. ``prefill_chunk=None`` leaves the model's forw
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +78,10 @@ class PrefillLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             b, heads, _, d = key_states.shape
-            self.keys = key_states.new_empty(b, heads, self.length, d)
-            self.values = value_states.new_empty(b, value_states.shape[1], self.length, value_states.shape[-1])
+            # zeros: every page is written at once, so a CPU's resident memory counts the buffer as a GPU's
+            # allocator does, from the start (the planner's term); a memset beside a layer's compute
+            self.keys = key_states.new_zeros(b, heads, self.length, d)
+            self.values = value_states.new_zeros(b, value_states.shape[1], self.length, value_states.shape[-1])
         end = self.written + key_states.shape[-2]
         if end > self.length:
             raise RuntimeError(f"a chunked prefill of {self.length} tokens was given {end}")
@@ -198,21 +204,35 @@ class ChunkedPrefill:
         if hidden is current.given_embeds:  # the caller's tensor is not written over
             hidden = hidden.clone()
         cache = cache_argument(kwargs)
-        buffer = PrefillLayer(current.length)
-        if cache is not None:
-            cache.layers[idx] = buffer
-        out = None
+        if cache is not None:  # held by the cache alone: freed as soon as the layer's compression replaces it
+            cache.layers[idx] = PrefillLayer(current.length)
+        attn = self.layers[idx].self_attn
+        split = self._attention(attn)
+        rest = None  # what the layer returns beside its hidden states, if anything (the last chunk's)
         for start, end in current.bounds:
             current.last = end == current.length
             rows = hidden[:, start:end]
             chunk_kwargs = {name: _rows(value, start, end, current.length) for name, value in kwargs.items()}
-            chunk_kwargs["attention_mask"] = self._mask(idx, rows, start, end, chunk_kwargs.get("position_ids"))
-            out = forward(rows, *[_rows(a, start, end, current.length) for a in args], **chunk_kwargs)
-            hidden[:, start:end] = out[0] if isinstance(out, tuple) else out
+            chunk_kwargs["attention_mask"] = None if split else self._mask(idx, rows, start, end,
+                                                                           chunk_kwargs.get("position_ids"))
+            with routed(attn, split):
+                out = forward(rows, *[_rows(a, start, end, current.length) for a in args], **chunk_kwargs)
+            if isinstance(out, tuple):
+                out, rest = out[0], out[1:]
+            hidden[:, start:end] = out
+            del out, chunk_kwargs  # a chunk's output and position embeddings are not held into the next one
         current.last = False
-        if cache is not None and cache.layers[idx] is buffer:  # not compressed (full KV, a short prompt): as it is
-            cache.layers[idx] = filled_layer(buffer.keys, buffer.values)
-        return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
+        layer = cache.layers[idx] if cache is not None else None
+        if isinstance(layer, PrefillLayer):  # not compressed (full KV, a short prompt): kept as it is
+            cache.layers[idx] = filled_layer(layer.keys, layer.values)
+        return hidden if rest is None else (hidden, *rest)
+
+    def _attention(self, module):
+        """The attention a chunk runs: ``split_attention`` where it applies (module docstring), else the model's."""
+        config = self.model.config
+        if self.running.padding is None and config._attn_implementation == "sdpa" and splits_on(module):
+            return PREFILL_ATTENTION
+        return None
 
     def _mask(self, idx: int, rows, start: int, end: int, position_ids):
         """The mask transformers builds for these query rows over the layer's first ``end`` keys."""
@@ -238,6 +258,61 @@ class ChunkedPrefill:
                 hidden[:, start:end] = forward(hidden[:, start:end])
             return hidden
         return run
+
+
+PREFILL_ATTENTION = "snapkv_prefill"
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def splits_on(module) -> bool:
+    """Whether ``split_attention`` can run this module's chunks: a CPU model, torch's CPU flash kernel (it
+    returns the log-sum-exp), plain causal attention (no sliding window, soft-capping or sinks)."""
+    weight = next(module.parameters(), None)
+    plain = all(getattr(module, name, None) is None for name in ("sliding_window", "sinks"))
+    return _CPU_FLASH is not None and weight is not None and weight.device.type == "cpu" and plain \
+        and not getattr(module.config, "attn_logit_softcapping", None)
+
+
+@contextmanager
+def routed(module, name: str | None):
+    """The module's attention through ``name`` while the context lasts (None: as it is)."""
+    if name is None:
+        yield
+        return
+    from .transformers_workarounds import route_attention
+    own = module.config._attn_implementation
+    route_attention(module, name)
+    try:
+        yield
+    finally:
+        route_attention(module, own)
+
+
+def split_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
+                    **kwargs):
+    """sdpa of a chunk's ``q`` queries, the last ``q`` of the ``L`` positions whose keys are given, without a mask:
+    the first chunk is the causal sdpa transformers runs (``enable_gqa``); a later one is its queries over the
+    ``L - q`` earlier keys, every one visible (each KV head's query heads stacked as rows: no repeated keys), and
+    over its own ``q`` keys, causal, merged by their log-sum-exp. ``[b, q, H, d]``, as transformers' sdpa."""
+    b, heads, q_len, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    earlier = length - q_len
+    if earlier == 0:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=scaling, is_causal=q_len > 1,
+                                                                enable_gqa=groups > 1)
+        return out.transpose(1, 2).contiguous(), None
+    stacked = query.reshape(b, kv_heads, groups * q_len, d)
+    past, past_lse = _CPU_FLASH(stacked, key[:, :, :earlier], value[:, :, :earlier], 0.0, False, scale=scaling)
+    past, past_lse = past.reshape(b, heads, q_len, d), past_lse.reshape(b, heads, q_len)
+    own_keys, own_values = key[:, :, earlier:], value[:, :, earlier:]
+    if groups > 1:
+        own_keys = own_keys.repeat_interleave(groups, dim=1)
+        own_values = own_values.repeat_interleave(groups, dim=1)
+    own, own_lse = _CPU_FLASH(query, own_keys, own_values, 0.0, True, scale=scaling)
+    total = torch.logaddexp(past_lse, own_lse)
+    merged = past.float() * (past_lse - total).exp()[..., None] + own.float() * (own_lse - total).exp()[..., None]
+    return merged.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def _no_mask(batch: int, length: int, device) -> torch.Tensor:

@@ -54,16 +54,23 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
     sums, means = [], []
     step = _kv_head_chunk(b, group, window, length)
     for start in range(0, n_kv, step):
-        k = keys[:, start:start + step].unsqueeze(2)
-        scores = scale_scores(torch.matmul(q[:, start:start + step], k.transpose(-1, -2)), d, scaling)
+        part = q[:, start:start + step]
+        heads = part.shape[1]
+        # each KV head's group of query rows against its keys: one batched product, the keys read where they are
+        scores = torch.matmul(part.reshape(b, heads, group * window, d), keys[:, start:start + step].transpose(-1, -2))
+        scores = scale_scores(scores.view(b, heads, group, window, length), d, scaling, inplace=True)
         scores[..., -window:] += causal
         if pad_mask is not None:
             scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+        del scores
+        # each position's column reduced over the window's queries, then the window's own columns dropped (a
+        # reduction of the slice would copy it first)
         if reduce != "mean":
-            sums.append(probs[..., :-window].sum(dim=-2))
+            sums.append(probs.sum(dim=-2)[..., :-window])
         if reduce != "sum":
-            means.append(probs[..., :-window].mean(dim=-2))
+            means.append(probs.mean(dim=-2)[..., :-window])
+        del probs
     out = [torch.cat(part, dim=1).reshape(b, n_heads, length - window) for part in (sums, means) if part]
     return tuple(out) if reduce == "both" else out[0]
 

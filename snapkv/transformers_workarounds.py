@@ -129,8 +129,10 @@ def route_attention(module, name: str) -> None:
     module's call."""
     from transformers import AttentionInterface
 
+    from .prefill import PREFILL_ATTENTION, split_attention
     from .ragged import HEADWISE_ATTENTION, headwise_attention
-    for registered, function in ((RAGGED_ATTENTION, ragged_attention), (HEADWISE_ATTENTION, headwise_attention)):
+    for registered, function in ((RAGGED_ATTENTION, ragged_attention), (HEADWISE_ATTENTION, headwise_attention),
+                                 (PREFILL_ATTENTION, split_attention)):
         if registered not in AttentionInterface._global_mapping:
             AttentionInterface.register(registered, function)
     if module.config._attn_implementation != name:

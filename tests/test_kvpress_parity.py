@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 import snapkv
 from parity import compare_kept
+from snapkv.prefill import PREFILL_CHUNK
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kvpress"
 CASES = json.loads(gzip.open(FIXTURES / "cases.json.gz", "rt", encoding="utf-8").read())
@@ -78,7 +79,7 @@ def floored_by_our_window(case, length: int) -> bool:
     return window is not None and max(1, int(length * (1 - case["ratio"]))) < window + 1
 
 
-def run_cases(model, record, tokenizer=None):
+def run_cases(model, record, tokenizer=None, prefill_chunk=PREFILL_CHUNK):
     ids = torch.tensor([record["ids"]])
     cases = record["cases"]
     outcomes = []
@@ -87,7 +88,8 @@ def run_cases(model, record, tokenizer=None):
     assert len(questions) <= 1, "the cases of one prefill share one question length"
     question = questions.pop() if questions else None
     with torch.no_grad(), snapkv.compress(model, [setting(c) for c in cases], question_tokens=question,
-                                          tokenizer=tokenizer, record_scores=True) as session:
+                                          tokenizer=tokenizer, record_scores=True,
+                                          prefill_chunk=prefill_chunk) as session:
         out = model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         caches, session.caches = session.caches, []
         first = int(out.logits[0, -1].argmax())
@@ -133,12 +135,17 @@ def test_tiny_gqa_model_keeps_what_kvpress_keeps(tiny_gqa_outcomes):
     assert "kvzip" not in {case["method"] for case in record["cases"]}  # it needs a tokenizer: SmolLM2 only
 
 
+def test_tiny_gqa_model_keeps_what_kvpress_keeps_with_a_chunked_prefill(tiny_gqa_chunked_outcomes):
+    record = CASES["models"]["tiny_gqa"]
+    assert check(tiny_gqa_chunked_outcomes["cases"], len(record["ids"])) == len(record["cases"]) - 1
+
+
 def _entry_cases(path: Path, model_name: str):
     record = json.loads(gzip.open(path, "rt", encoding="utf-8").read())
     return record["models"].get(model_name)
 
 
-def every_case_from_one_prefill(model, model_name: str) -> dict:
+def every_case_from_one_prefill(model, model_name: str, prefill_chunk=PREFILL_CHUNK) -> dict:
     """name -> the outcomes of that fixture's cases on ``model_name`` (``cases`` for ``cases.json.gz``, else the
     entry's name), every case of every fixture decoded from one shared prefill: kvpress wrote them all on one
     prompt per model."""
@@ -151,7 +158,7 @@ def every_case_from_one_prefill(model, model_name: str) -> dict:
     assert len(prompts) == 1, f"the {model_name} fixtures hold {len(prompts)} prompts; one prefill needs one"
     every_case = [case for record in records.values() for case in record["cases"]]
     merged = {"ids": records["cases"]["ids"], "cases": every_case}
-    outcomes = iter(run_cases(model, merged))
+    outcomes = iter(run_cases(model, merged, prefill_chunk=prefill_chunk))
     return {name: [next(outcomes) for _ in record["cases"]] for name, record in records.items()}
 
 
@@ -163,6 +170,12 @@ def smollm2_outcomes(smollm2):
 @pytest.fixture(scope="session")
 def tiny_gqa_outcomes():
     return every_case_from_one_prefill(load_tiny_gqa(), "tiny_gqa")
+
+
+# the fixtures' 300-token prompt prefilled in chunks of 64 (``snapkv.prefill``; the default chunk takes it whole)
+@pytest.fixture(scope="session")
+def tiny_gqa_chunked_outcomes():
+    return every_case_from_one_prefill(load_tiny_gqa(), "tiny_gqa", prefill_chunk=64)
 
 
 @pytest.mark.slow
@@ -189,6 +202,11 @@ ENTRY_IDS = [p.name.split(".")[0] for p in ENTRY_FILES]
 @pytest.mark.parametrize("path", ENTRY_FILES, ids=ENTRY_IDS)
 def test_each_added_entry_keeps_what_kvpress_keeps_on_the_tiny_model(path, tiny_gqa_outcomes):
     _check_entry(path, tiny_gqa_outcomes, "tiny_gqa")
+
+
+@pytest.mark.parametrize("path", ENTRY_FILES, ids=ENTRY_IDS)
+def test_each_added_entry_keeps_what_kvpress_keeps_with_a_chunked_prefill(path, tiny_gqa_chunked_outcomes):
+    _check_entry(path, tiny_gqa_chunked_outcomes, "tiny_gqa")
 
 
 @pytest.mark.slow

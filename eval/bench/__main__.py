@@ -12,7 +12,7 @@ from snapkv.memory import longest_fitting, plan
 from ..hydra_app import compressor_fields, output_dir, resolve_device, run_guarded, task_main
 from ..jsonl import append_record, read_records, write_json_atomic
 from ..settings import claim, fingerprint
-from ..runner import model_architecture
+from ..runner import chunking, model_architecture
 from .tables import figure, head_adaptive_markdown, markdown
 
 
@@ -75,7 +75,7 @@ def print_plan(cfg) -> list[dict]:
     compressor = _compressor_for_plan(cfg)
     kwargs = dict(dtype=cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16",
                   attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
-                  mlp_chunk=cfg.model.get("mlp_chunk"))
+                  **chunking(cfg.model))
     budget = int(float(bench_cfg.memory_gib) * 2**30)
     rows = []
     for name, comp in (("full", None), (compressor.method, compressor)):
@@ -107,7 +107,7 @@ def _text_runner(cfg):
     from ..runner import Runner, load_model, load_tokenizer
     tokenizer = load_tokenizer(cfg.model)
     model, _ = load_model(cfg.model, resolve_device(cfg), with_tokenizer=False)
-    return Runner(model, tokenizer, mlp_chunk=cfg.model.get("mlp_chunk")), stop_token_ids(model, tokenizer)
+    return Runner(model, tokenizer, **chunking(cfg.model)), stop_token_ids(model, tokenizer)
 
 
 def _settings_of(node) -> list:
@@ -262,7 +262,7 @@ def run(cfg: DictConfig):
         from .measure import measure
         if runner is None:
             model, _ = load_model(cfg.model, device, with_tokenizer=False)
-            runner = Runner(model, None, mlp_chunk=cfg.model.get("mlp_chunk"))
+            runner = Runner(model, None, **chunking(cfg.model))
         return measure(runner, spec)
     from .measure import PeakWorker
     worker = PeakWorker(model_cfg, device) if fresh else None
@@ -298,7 +298,7 @@ def _add_predictions(cfg, rows: list[dict]) -> None:
             continue
         comp = None if r["method"] == "full" else snapkv.build_config(r["method"], **{**node, "budget": r["budget"]})
         p = plan(arch, r["input_tokens"], comp, batch=r["batch"], dtype=str(cfg.model.dtype),
-                 attn_implementation=cfg.model.get("attn_implementation", "sdpa"), mlp_chunk=cfg.model.get("mlp_chunk"),
+                 attn_implementation=cfg.model.get("attn_implementation", "sdpa"), **chunking(cfg.model),
                  decode_tokens=int(cfg.bench.decode_tokens), device=resolve_device(cfg))
         r["predicted_peak_above_model_bytes"] = p["peak_above_weights_bytes"]
         r["predicted_kv_cache_bytes"] = p["kv_cache_bytes"]

@@ -98,7 +98,7 @@ def bisect(run_probe, start: int, stop: int, resolution: float, growth: float = 
 
 def planned_frontier(arch: dict, compressor, cap_bytes: int, batch: int, cfg, device: str) -> int:
     kwargs = dict(batch=batch, dtype=str(cfg.model.dtype), attn_implementation=cfg.model.get("attn_implementation",
-                  "sdpa"), mlp_chunk=cfg.model.get("mlp_chunk"), decode_tokens=int(cfg.bench.decode_tokens))
+                  "sdpa"), **chunking(cfg.model), decode_tokens=int(cfg.bench.decode_tokens))
     weights = plan(arch, 1, None, **kwargs)["weights_bytes"]
     memory = cap_bytes + (weights if device == "cpu" else 0)
     return longest_fitting(arch, memory, compressor, **kwargs)
@@ -106,7 +106,7 @@ def planned_frontier(arch: dict, compressor, cap_bytes: int, batch: int, cfg, de
 
 def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> list[dict]:
     """Rows ``{method, budget, batch, measured_frontier_tokens, planned_frontier_tokens, ...}``."""
-    from ..runner import model_architecture
+    from ..runner import chunking, model_architecture
     bench_cfg = cfg.bench
     cap = int(float(bench_cfg.memory_gib) * 2**30)
     arch = model_architecture(cfg.model)

@@ -21,7 +21,7 @@ import torch
 
 import snapkv
 
-from ..runner import Runner, is_oom, kv_cache_bytes, load_model  # noqa: F401 (kv_cache_bytes: re-export)
+from ..runner import Runner, chunking, is_oom, kv_cache_bytes, load_model  # noqa: F401 (kv_cache_bytes: re-export)
 
 
 # glibc serves large blocks with mmap, but each time one is freed it raises its mmap threshold (up to
@@ -192,7 +192,7 @@ def serve() -> int:
         request = json.loads(line)
         if runner is None:
             model, _ = load_model(request["model"], request.get("device"), with_tokenizer=False)
-            runner = Runner(model, None, mlp_chunk=request["model"].get("mlp_chunk"))
+            runner = Runner(model, None, **chunking(request["model"]))
         print(ROW_MARK + json.dumps(measure(runner, request["spec"])), flush=True)
     return 0
 
@@ -207,7 +207,7 @@ def main() -> int:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
     model, _ = load_model(request["model"], request.get("device"), with_tokenizer=False)
-    runner = Runner(model, None, mlp_chunk=request["model"].get("mlp_chunk"))
+    runner = Runner(model, None, **chunking(request["model"]))
     cpu_cap = None if str(request.get("device", "")).startswith("cuda") else cap
     print(json.dumps(measure(runner, request["spec"], cpu_cap)))
     return 0

@@ -113,8 +113,8 @@ class LongBenchV2Task(PredictionTask):
                 "official_max_length": OFFICIAL_MAX_LEN}
 
     def _setup(self, model, tokenizer) -> None:
-        from ..runner import Runner
-        self.runner = Runner(model, tokenizer, mlp_chunk=self.model_cfg.get("mlp_chunk"))
+        from ..runner import Runner, chunking
+        self.runner = Runner(model, tokenizer, **chunking(self.model_cfg))
         self.tokenizer, self.stops = tokenizer, stop_token_ids(model, tokenizer)
 
     def prompt(self, item: Question, model, tokenizer) -> Prompt:

@@ -20,7 +20,7 @@ def device_memory_bytes(cfg, device: str) -> tuple[int, str]:
 
 
 def dry_run(cfg, compressor, lengths, depths, done: set, out: Path, device: str) -> dict:
-    from ..runner import model_architecture
+    from ..runner import chunking, model_architecture
     arch = model_architecture(cfg.model)
     memory, where = device_memory_bytes(cfg, device)
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "bfloat16"
@@ -28,7 +28,7 @@ def dry_run(cfg, compressor, lengths, depths, done: set, out: Path, device: str)
     for length in lengths:
         p = plan(arch, length, compressor if compressor.compresses else None, dtype=dtype,
                  attn_implementation=cfg.model.get("attn_implementation", "sdpa"),
-                 mlp_chunk=cfg.model.get("mlp_chunk"), decode_tokens=int(cfg.needle.max_new_tokens), device=device)
+                 **chunking(cfg.model), decode_tokens=int(cfg.needle.max_new_tokens), device=device)
         per_length.append({"context_length": length, "predicted_peak_bytes": p["peak_bytes"],
                            "fits": p["peak_bytes"] <= memory,
                            "cells_done": sum(1 for d in depths if (length, d) in done)})
