@@ -42,7 +42,7 @@ def offline_architecture(model_cfg) -> dict:
     """The model's architecture without weights or the network: the config's ``architecture``, the
     GGUF's header of a ``package_file``, or a ``config.json`` already on this machine."""
     from transformers import AutoConfig
-    from .runner import chunking, model_architecture, packaged_file
+    from .runner import model_architecture, packaged_file
     if model_cfg.get("architecture"):
         return model_architecture(model_cfg)
     if model_cfg.get("package_file"):
@@ -73,6 +73,7 @@ def longest_input(cfg) -> tuple[int, int]:
 
 def planned_peak(cfg, compressors: list) -> tuple[int, int]:
     """The planned peak bytes of the job's settings sharing one prefill, and the input length."""
+    from .runner import chunking
     length, new_tokens = longest_input(cfg)
     model = cfg.model
     dtype = model.dtype if model.dtype != "auto" else "bfloat16"

@@ -150,13 +150,18 @@ def test_planner_lwm_frontier():
     lwm = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=32)
     gib = 2**30
-    eager_full = longest_fitting(lwm, 80 * gib, None, attn_implementation="eager")
+    eager_full = longest_fitting(lwm, 80 * gib, None, attn_implementation="eager", prefill_chunk=None)
     # HF eager attention holds a layer's L x L scores in bf16, their float32 softmax and its bf16 cast
     # at once (8 bytes an entry): about 16K; the paper's ~33K matches one bf16 copy (2 bytes an entry)
     assert 14_000 < eager_full < 18_000
+    # chunked, eager attention holds a chunk's rows of scores: full KV then stops at its cache (about 68K)
+    assert 60_000 < longest_fitting(lwm, 80 * gib, None, attn_implementation="eager") < 70_000
     snap = snapkv.SnapKV(budget=1024, window=16, kernel=5)
     assert plan(lwm, 380_000, snap, attn_implementation="flash_attention_2", mlp_chunk=16384)["peak_bytes"] < 80 * gib
     assert plan(lwm, 380_000, None, attn_implementation="flash_attention_2")["peak_bytes"] > 80 * gib
+    # the chunked prefill to the model's trained context, and past it (issue: at most 50 GiB at 1,048,576)
+    assert plan(lwm, 1_048_576, snap, attn_implementation="flash_attention_2")["peak_bytes"] < 50 * gib
+    assert plan(lwm, 2_097_152, snap, attn_implementation="flash_attention_2")["peak_bytes"] < 80 * gib
 
 
 def test_bisection_finds_the_frontier_to_two_percent():
@@ -236,14 +241,22 @@ def test_planner_terms_per_method_and_architecture():
     base = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=2)
     length = 8192
-    snap = plan(base, length, snapkv.SnapKV(budget=1024))["prefill_transient_bytes"]
-    stream = plan(base, length, snapkv.StreamingLLM(budget=1024))["prefill_transient_bytes"]
-    h2o = plan(base, length, snapkv.H2O(budget=1024))["prefill_transient_bytes"]
+
+    def transient(method, chunk=None):
+        return plan(base, length, method, prefill_chunk=chunk)["prefill_transient_bytes"]
+    snap, stream, h2o = (transient(m) for m in (snapkv.SnapKV(budget=1024), snapkv.StreamingLLM(budget=1024),
+                                                 snapkv.H2O(budget=1024)))
     repeat = plan(base, length, snapkv.SnapKV(budget=1024, gqa="repeat"))
-    assert stream < snap < h2o                      # no attention; window x L; 1024 x L query chunks
+    assert stream <= snap < h2o                     # one pass: q over every position dwarfs the window's votes
+    # chunked: no attention; window x L beside a chunk's buffers; H2O's every query in one chunk, 1024 x L blocks
+    chunked = [transient(m, 512) for m in (snapkv.StreamingLLM(budget=1024), snapkv.SnapKV(budget=1024),
+                                           snapkv.H2O(budget=1024))]
+    assert chunked[0] < chunked[1] < chunked[2] and chunked[1] < snap
     assert repeat["kv_cache_bytes"] == 4 * plan(base, length, snapkv.SnapKV(budget=1024))["kv_cache_bytes"]
+    eager = plan(base, length, None, attn_implementation="eager", dtype="bfloat16", prefill_chunk=None)
+    assert eager["prefill_transient_bytes"] >= 8 * 8 * length * length  # bf16 scores, float32 softmax, bf16 cast
     eager = plan(base, length, None, attn_implementation="eager", dtype="bfloat16")["prefill_transient_bytes"]
-    assert eager >= 8 * 8 * length * length          # bf16 scores + float32 softmax + bf16 cast, all heads
+    assert 8 * 8 * 2048 * length <= eager < 8 * 8 * 4096 * length  # chunked: a 2,048-row chunk's, all heads
     qwen3_moe = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                      moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, num_hidden_layers=48,
                      num_attention_heads=32, num_key_value_heads=4, head_dim=128)

@@ -35,47 +35,89 @@ def test_a_cpu_probe_stops_as_soon_as_it_passes_the_cap():
     assert cap < row["peak_bytes"] < 128 * 2**20
 
 
-@pytest.fixture
-def peak_worker():
-    """One measuring process for a method's lengths (``PeakWorker``: each peak above what was resident before it,
-    as a fresh process measures it; ``test_one_worker_measures_each_configuration_above_what_was_resident_before_it``
-    pins that), so a check pays one process start and model load, not one per configuration; the shorter length
-    first, in the fresh process, as what a longer run leaves behind adds a few MiB to a shorter one's peak."""
+# two-layer stacks wide enough that a prompt token's bytes (the residual stream, a layer's keys and values) stand
+# far above the runtime's noise: an MHA shape and a GQA one, float32 on the CPU, chunks of 512 tokens
+SHAPES = {
+    "mha": dict(model_type="llama", vocab_size=8000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=65536),
+    "gqa": dict(model_type="llama", vocab_size=8000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=65536),
+}
+CHUNK = 512
+LENGTHS = (4096, 8192)
+
+
+def shape_worker(shape: str):
+    """One measuring process for a shape (``PeakWorker``: each peak above what was resident before it, as a fresh
+    process measures it; ``test_one_worker_measures_each_configuration_above_what_was_resident_before_it`` pins
+    that), warmed up (``warm_up``), so a check pays one process start and model load, not one per configuration."""
     from omegaconf import OmegaConf
     from eval.bench.measure import PeakWorker
-    worker = PeakWorker(OmegaConf.to_container(compose("bench", ["model=tiny-llama-32l"]).model, resolve=True), "cpu")
-    yield worker
-    worker.close()
+    model = OmegaConf.to_container(compose("bench", ["model=tiny-llama"]).model, resolve=True)
+    model.update(name=f"two-layer-{shape}", architecture=SHAPES[shape], prefill_chunk=CHUNK)
+    worker = PeakWorker(model, "cpu")
+    warm_up(worker)
+    return worker
 
 
-@pytest.mark.parametrize("method", ["full", "snapkv", "h2o", "adakv"])
-def test_the_planner_follows_a_measured_cpu_peak(method, peak_worker):
-    """The planner against the peak resident memory above the model (tiny-llama-32l) of a measuring worker: its
-    fixed mmap threshold makes resident memory follow live tensors (with glibc's default, full KV measured 254 MiB
-    here against 157). The runtime's own buffers (thread pools, kernel workspaces) are not planned and are 6-10 MiB
-    here whatever the length, as much as 15% of this small model's peak; so the growth of the peak from 2048 to
-    8192 tokens is held to 15% and the peak itself to 25%. Measured on a 2-core CPU: growth within 3-6%, peaks
-    4-18% under."""
-    from eval.runner import model_architecture
-    cfg = compose("bench", ["model=tiny-llama-32l"])
+def warm_up(worker) -> None:
+    """A first configuration a fresh worker measures carries the runtime's one-time allocations (7-9 MiB here:
+    kernel workspaces, thread buffers): a short run pays them before the measured ones."""
+    worker.measure({"method": "full", "budget": None, "input_tokens": 256, "batch": 1, "decode_tokens": 2,
+                    "repeats": 1, "warmup": False, "compressor": {}})
+
+
+def planned_and_measured(worker, shape: str, method: str) -> tuple[dict, dict]:
+    """Per length, the planner's peak above the weights and the worker's peak above the model (the shorter length
+    first: what a longer run leaves behind adds a few MiB to a shorter one's peak)."""
     fields = {} if method == "full" else {"budget": 1024, "window": 32}
     compressor = snapkv.build_config(method, **fields) if fields else None
     planned, measured = {}, {}
-    for length in (2048, 8192):
+    for length in (LENGTHS[0] // 2, *LENGTHS):  # the method once first: its own one-time allocations (4-6 MiB)
         spec = {"method": method, "budget": fields.get("budget"), "input_tokens": length, "batch": 1,
-                "decode_tokens": 4, "repeats": 1, "warmup": False, "compressor": fields}
-        planned[length] = plan(model_architecture(cfg.model), length, compressor, dtype="float32",
-                               decode_tokens=4, device="cpu")["peak_above_weights_bytes"]
-        peaks = []
-        for _ in range(2):  # allocator noise only adds (a busy machine's extra arenas): keep the lower of two
-            peaks.append(peak_worker.measure(spec)["peak_above_model_bytes"])
-            if abs(planned[length] - min(peaks)) / min(peaks) < 0.1:
-                break
-        measured[length] = min(peaks)
-    growth_planned, growth_measured = planned[8192] - planned[2048], measured[8192] - measured[2048]
-    assert abs(growth_planned - growth_measured) / growth_measured < 0.15, (planned, measured)
-    for length in planned:
-        assert abs(planned[length] - measured[length]) / measured[length] < 0.25, (length, planned, measured)
+                "decode_tokens": 2, "repeats": 1, "warmup": False, "compressor": fields}
+        planned[length] = plan(SHAPES[shape], length, compressor, dtype="float32", decode_tokens=2, device="cpu",
+                               prefill_chunk=CHUNK)["peak_above_weights_bytes"]
+        measured[length] = worker.measure(spec)["peak_above_model_bytes"]
+    del planned[LENGTHS[0] // 2], measured[LENGTHS[0] // 2]
+    return planned, measured
+
+
+def slope(peaks: dict) -> float:
+    (short, low), (long, high) = sorted(peaks.items())
+    return (high - low) / (long - short)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_planners_bytes_per_prompt_token_are_the_measured_ones(shape):
+    """The issue's bar: the per-token slope of the prefill's peak over two lengths, planned against measured, within
+    5% for SnapKV (the paper's method) and full KV, on an MHA and a GQA shape (measured on a 2-core CPU: SnapKV
+    within 2-4%, full KV within 0.2%), and each peak within 10% (the runtime's own few MiB are not planned; measured:
+    -7% to +3%)."""
+    worker = shape_worker(shape)
+    try:
+        for method in ("snapkv", "full"):
+            planned, measured = planned_and_measured(worker, shape, method)
+            assert abs(slope(planned) - slope(measured)) / slope(measured) < 0.05, (method, planned, measured)
+            for length in LENGTHS:
+                assert abs(planned[length] - measured[length]) / measured[length] < 0.10, (method, length)
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("method", ["h2o", "adakv"])
+def test_the_planner_follows_a_measured_cpu_peak(method):
+    """Methods with more of their own beside the prefill: H2O scores every query (one chunk as long as the prompt),
+    AdaKV ranks across heads; the slope within 10% and each peak within 10% (measured: H2O's slope 8% under on the
+    MHA shape, 4% on the GQA one; AdaKV's 6% over and 2% under)."""
+    worker = shape_worker("mha")
+    try:
+        planned, measured = planned_and_measured(worker, "mha", method)
+    finally:
+        worker.close()
+    assert abs(slope(planned) - slope(measured)) / slope(measured) < 0.10, (planned, measured)
+    for length in LENGTHS:
+        assert abs(planned[length] - measured[length]) / measured[length] < 0.10, (length, planned, measured)
 
 
 def test_cpu_peaks_come_from_the_worker_and_timings_from_this_process(monkeypatch):

@@ -97,6 +97,7 @@ def bisect(run_probe, start: int, stop: int, resolution: float, growth: float = 
 
 
 def planned_frontier(arch: dict, compressor, cap_bytes: int, batch: int, cfg, device: str) -> int:
+    from ..runner import chunking
     kwargs = dict(batch=batch, dtype=str(cfg.model.dtype), attn_implementation=cfg.model.get("attn_implementation",
                   "sdpa"), **chunking(cfg.model), decode_tokens=int(cfg.bench.decode_tokens))
     weights = plan(arch, 1, None, **kwargs)["weights_bytes"]
