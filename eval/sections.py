@@ -214,6 +214,20 @@ class BenchLongGenerationSection:
 
 
 @dataclass
+class BenchPrefillMemorySection:
+    enabled: bool = False
+    lengths: List[int] = field(default_factory=lambda: [4096, 8192])  # the slope's two lengths
+    methods: List[str] = field(default_factory=lambda: ["snapkv"])
+    budget: int = 1024
+    measure_memory: bool = True          # false: the timings and plans alone
+    time_lengths: List[int] = field(default_factory=lambda: [8192])  # [] : no timing
+    repeats: int = 1                     # timing repeats (medians), chunked and one pass alternating
+    plan_model: Optional[str] = "lwm-1m"  # a conf/model file whose architecture is planned; null: none
+    plan_lengths: List[int] = field(default_factory=lambda: [380000, 1048576, 2097152])
+    memory_gib: List[int] = field(default_factory=lambda: [24, 48, 80, 141])
+
+
+@dataclass
 class BenchSection:
     lengths: List[int] = field(default_factory=lambda: [1024, 4096])
     budgets: List[int] = field(default_factory=lambda: [1024])
@@ -237,6 +251,7 @@ class BenchSection:
     sweep: BenchSweepSection = field(default_factory=BenchSweepSection)
     batching: BenchBatchingSection = field(default_factory=BenchBatchingSection)
     long_generation: BenchLongGenerationSection = field(default_factory=BenchLongGenerationSection)
+    prefill_memory: BenchPrefillMemorySection = field(default_factory=BenchPrefillMemorySection)
 
 
 @dataclass

@@ -56,7 +56,7 @@ from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 GIB = 2**30
 # Seconds per section in the full mode (the smoke mode gives each a quarter of these).
 BUDGETS_S = {"environment": 20, "exactness": 70, "speed": 60, "memory": 120, "long_context": 140,
-             "shared_prefill": 50, "head_adaptive": 40, "items": 90, "long_generation": 240}
+             "shared_prefill": 50, "head_adaptive": 40, "items": 90, "long_generation": 240, "prefill_limit": 150}
 TABLE1 = [snapkv.FullKV(), snapkv.SnapKV(budget=1024), snapkv.SnapKV(budget=2048),
           snapkv.SnapKV(budget=4096), snapkv.H2O(budget=4096)]
 
@@ -641,10 +641,68 @@ def section_long_generation(mode: Mode, clock: Clock) -> dict:
     return {"model": f"random LWM-7B shape, {mode.dtype}", **result}
 
 
+def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
+    """The longest prompt this device holds with the chunked prefill (``snapkv.prefill``): LWM-7B's shape, SnapKV
+    1024 (window 16, kernel 5), planned on the device's memory, then prefilled at doubling lengths as long as the
+    time left allows (a fit of time ~ a*L + b*L^2 on the runs so far), each peak measured (``max_memory_allocated``)
+    beside the plan; the bytes per prompt token over the last two runs, measured and planned."""
+    model = lwm_model(mode)
+    attn = _LWM_MODELS["attn"]
+    dtype = str(mode.dtype).removeprefix("torch.")
+    cfg = mode.scaled(snapkv.SnapKV(budget=1024, window=16, kernel=5, pooling="maxpool"))
+    memory_bytes = torch.cuda.get_device_properties(0).total_memory if mode.device == "cuda" else mode.cap_bytes
+    kw = dict(dtype=dtype, attn_implementation=attn, device=mode.device, decode_tokens=1)
+    longest = memory.longest_fitting(mode.lwm, memory_bytes, cfg, limit=2**23, **kw)
+    if mode.smoke:
+        longest = min(longest, 4096)
+    out = {"setting": cfg.label(), "attention": attn, "memory_gib": round(memory_bytes / GIB, 1),
+           "planned_longest": longest, "prefill_chunk": snapkv.prefill.PREFILL_CHUNK, "runs": []}
+    runner = Runner(model)
+    length, times = int(32768 / 32 if mode.smoke else 32768), {}
+    while length <= longest:
+        if len(times) >= 2:
+            (l1, t1), (l2, t2) = sorted(times.items())[-2:]
+            b = max((t2 / l2 - t1 / l1) / (l2 - l1), 0.0)
+            predicted = max(t2 / l2 - b * l2, 0.0) * length + b * length**2
+            if predicted > clock.left() - 10:
+                out["runs"].append({"input_tokens": length, "skipped": f"predicted {predicted:.0f} s, "
+                                                                       f"{clock.left():.0f} s left"})
+                break
+        ids = tokens(1, length, mode.lwm["vocab_size"], mode.device)
+        planned = memory.plan(mode.lwm, length, cfg, **kw)["peak_above_weights_bytes"]
+        try:
+            with PeakMeter(mode.device) as meter:
+                gen = runner.generate(ids, cfg, 1)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            out["runs"].append({"input_tokens": length, "oom": True, "planned_gib": round(planned / GIB, 2)})
+            break
+        finally:
+            del ids
+            free_memory()
+        times[length] = gen.prefill_s
+        out["runs"].append({"input_tokens": length, "prefill_s": round(gen.prefill_s, 2),
+                            "measured_gib": round(meter.above_base / GIB, 3), "planned_gib": round(planned / GIB, 3),
+                            "planner_error": round(planned / meter.above_base - 1, 4)})
+        length = min(2 * length, longest) if length < longest else longest + 1
+    done = [r for r in out["runs"] if "measured_gib" in r]
+    if len(done) >= 2:
+        (a, b) = done[-2:]
+        span = b["input_tokens"] - a["input_tokens"]
+        measured = (b["measured_gib"] - a["measured_gib"]) * GIB / span
+        planned = (b["planned_gib"] - a["planned_gib"]) * GIB / span
+        out["bytes_per_token"] = {"measured": round(measured), "planned": round(planned),
+                                  "planner_error": round(planned / measured - 1, 4)}
+    out["longest_run"] = done[-1]["input_tokens"] if done else None
+    out["paper"] = "380K tokens on one A100-80GB (the one-pass Hugging Face prefill)"
+    return out
+
+
 SECTIONS = {"environment": section_environment, "exactness": section_exactness, "speed": section_speed,
             "memory": section_memory, "long_context": section_long_context, "shared_prefill": section_shared_prefill,
             "head_adaptive": section_head_adaptive, "items": section_items,
-            "long_generation": section_long_generation}
+            "long_generation": section_long_generation, "prefill_limit": section_prefill_limit}
 
 
 # -- report ------------------------------------------------------------------------------------

@@ -20,11 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InputError
-from .prefill import PREFILL_CHUNK
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 _SELECTION_CHUNK = 256 * 2**20  # snapkv.select: window x L float32 per chunk of heads
+# tokens per chunk of a session's prefill (``snapkv.prefill``, which takes it from here): the chunk's activations
+# (its MLP's above all) are fixed-size buffers; the mask of a chunk's queries over the keys so far (sdpa with
+# padding, eager) is chunk x L, so a smaller chunk holds less per prompt token, a larger one launches fewer kernels
+PREFILL_CHUNK = 2048
 
 
 def _get(config, name, default=None):
@@ -103,8 +106,9 @@ def channel_index_bytes(s: Shape, key_channels: int, batch: int) -> int:
 
 
 def repeated_kv_bytes(s: Shape, gqa: str, length: int, batch: int, nbytes: int) -> int:
-    """``gqa="repeat"`` (any method): one layer's K and V repeated to every query head."""
-    return 2 * batch * s.heads * length * s.head_dim * nbytes if gqa == "repeat" else 0
+    """``gqa="repeat"`` (any method): one layer's K and V repeated to every query head (none for MHA: one query
+    head a KV head already)."""
+    return 2 * batch * s.heads * length * s.head_dim * nbytes if gqa == "repeat" and s.heads != s.kv_heads else 0
 
 
 def window_scores_bytes(s: Shape, window: int, length: int, batch: int, nbytes: int) -> int:

@@ -38,12 +38,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .errors import InputError
+from .memory import PREFILL_CHUNK  # noqa: F401 (the session's default, planned there)
 from .transformers_workarounds import cache_argument, filled_layer
 
-# tokens per chunk: the chunk's activations (its MLP's above all) are fixed-size buffers; the mask of a chunk's
-# queries over the keys so far (sdpa, eager) is chunk x L, so a smaller chunk holds less per prompt token, a larger
-# one wastes less of the masked triangle at each chunk's diagonal and launches fewer kernels
-PREFILL_CHUNK = 2048
 
 
 def check_chunk(chunk) -> int | None:
@@ -205,6 +202,8 @@ class ChunkedPrefill:
             hidden = hidden.clone()
         cache = cache_argument(kwargs)
         if cache is not None:  # held by the cache alone: freed as soon as the layer's compression replaces it
+            while len(cache.layers) <= idx:  # a cache made without the model's config grows its layers
+                cache.layers.append(DynamicLayer())
             cache.layers[idx] = PrefillLayer(current.length)
         attn = self.layers[idx].self_attn
         split = self._attention(attn)
@@ -279,7 +278,11 @@ def routed(module, name: str | None):
     if name is None:
         yield
         return
+    from transformers import AttentionInterface
+
     from .transformers_workarounds import route_attention
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, split_attention)
     own = module.config._attn_implementation
     route_attention(module, name)
     try:

@@ -80,8 +80,8 @@ def checked_generate(model, generate):
             raise InputError("num_beams > 1: beam search reorders cache rows, which a compressed cache's per-row "
                              "positions do not follow; use greedy or sampling")
         if setting("prefill_chunk_size"):
-            raise InputError("prefill_chunk_size: a chunked prefill would be compressed after its first chunk; "
-                             "prefill in one pass (snapkv.chunked_mlp bounds the memory of long prefills)")
+            raise InputError("prefill_chunk_size: transformers' chunked prefill would be compressed after its first "
+                             "chunk; leave it unset (snapkv.compress chunks each prefill itself: prefill_chunk=)")
         if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
             raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
         return generate(*args, **kwargs)
@@ -129,10 +129,8 @@ def route_attention(module, name: str) -> None:
     module's call."""
     from transformers import AttentionInterface
 
-    from .prefill import PREFILL_ATTENTION, split_attention
     from .ragged import HEADWISE_ATTENTION, headwise_attention
-    for registered, function in ((RAGGED_ATTENTION, ragged_attention), (HEADWISE_ATTENTION, headwise_attention),
-                                 (PREFILL_ATTENTION, split_attention)):
+    for registered, function in ((RAGGED_ATTENTION, ragged_attention), (HEADWISE_ATTENTION, headwise_attention)):
         if registered not in AttentionInterface._global_mapping:
             AttentionInterface.register(registered, function)
     if module.config._attn_implementation != name:

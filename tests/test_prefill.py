@@ -80,6 +80,16 @@ def test_every_method_keeps_and_decodes_as_the_one_pass_prefill(method):
     assert_same_as_one_pass(model, [small(method, budget=64)], ids, chunk=24)
 
 
+def test_generate_writes_the_one_pass_prefills_tokens():
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(3, 128, (1, 150), generator=torch.Generator().manual_seed(10))
+    outputs = []
+    for chunk in (None, 32):
+        with torch.no_grad(), snapkv.compress(model, small("snapkv", budget=64), prefill_chunk=chunk):
+            outputs.append(model.generate(ids, max_new_tokens=8, do_sample=False))
+    assert torch.equal(*outputs)
+
+
 def test_finch_reads_its_question_from_the_last_chunk():
     model = tiny_model("llama-gqa")
     ids = torch.randint(3, 128, (1, 160), generator=torch.Generator().manual_seed(2))
@@ -103,6 +113,17 @@ def test_a_padded_batch_and_a_shared_prefill_keep_what_the_one_pass_prefill_keep
     for want, got in zip(one_pass_kept, chunked_kept):
         assert [[h.tolist() for h in row] for layer in want for row in layer] == \
                [[h.tolist() for h in row] for layer in got for row in layer]
+
+
+def test_a_cache_made_without_the_models_config_grows_its_layers():
+    model = tiny_model("llama-gqa")
+    ids = torch.randint(3, 128, (1, 100), generator=torch.Generator().manual_seed(9))
+    logits = []
+    for make in (lambda: DynamicCache(config=model.config), DynamicCache):
+        with torch.no_grad(), snapkv.compress(model, small("snapkv", budget=48), prefill_chunk=16) as session:
+            logits.append(model(ids, cache=make(), use_cache=True).logits)
+            assert session.cache_lengths == [48] * len(model.model.layers)
+    assert torch.equal(*logits)
 
 
 def test_eager_attention_gets_masks_of_a_chunks_rows_only():
@@ -242,3 +263,12 @@ def test_smollm2_keeps_the_official_snapkv_selection_with_a_chunked_prefill(smol
     comparison = compare_kept(kept_array(got_cache, 1024), want, snapkv.ranking_scores(got_cache),
                               label="official SnapKV, chunked prefill")
     assert comparison.equal, comparison.describe("SmolLM2 SnapKV")
+
+
+def test_the_model_sections_default_chunk_is_the_sessions():
+    from eval.sections import ModelSection
+    from snapkv.memory import plan
+    import inspect
+    assert ModelSection.prefill_chunk == PREFILL_CHUNK
+    assert inspect.signature(snapkv.compress).parameters["prefill_chunk"].default == PREFILL_CHUNK
+    assert inspect.signature(plan).parameters["prefill_chunk"].default == PREFILL_CHUNK

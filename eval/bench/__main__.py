@@ -205,8 +205,39 @@ def run_long_generation(cfg: DictConfig) -> dict:
     return result
 
 
+def run_prefill_memory(cfg: DictConfig) -> dict:
+    """``bench.prefill_memory.enabled``: bytes per prompt token against the floor, the planner, the prefill's time
+    chunked against one pass, the longest input planned per memory size (``eval.bench.prefill_memory``)."""
+    from ..hydra_app import make_compressor, save_run_metadata
+    from ..runner import load_model
+    from . import prefill_memory as pm
+    node = cfg.bench.prefill_memory
+    if len(node.lengths) != 2 or int(node.lengths[0]) >= int(node.lengths[1]):
+        raise InputError(f"bench.prefill_memory.lengths={list(node.lengths)}: give two lengths, shorter first")
+    out = output_dir(cfg)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.prefill_memory": OmegaConf.to_container(node)})
+    device = resolve_device(cfg)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    result = {"model": cfg.model.name, "dtype": str(cfg.model.dtype), "device": device,
+              "attn_implementation": str(cfg.model.get("attn_implementation") or "sdpa")}
+    if node.measure_memory:
+        result["memory"] = pm.memory_rows(model_cfg, model_architecture(cfg.model), node, device)
+    if node.time_lengths:
+        model, _ = load_model(cfg.model, device, with_tokenizer=False)
+        result["time"] = pm.time_rows(model, node, chunking(cfg.model)["prefill_chunk"])
+        del model
+    if node.plan_model:
+        result["plan"] = pm.plan_rows(node)
+    write_json_atomic(out / "prefill_memory.json", result)
+    (out / "prefill_memory.md").write_text(pm.markdown(result), encoding="utf-8")
+    print((out / "prefill_memory.md").read_text())
+    return result
+
+
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    if cfg.bench.get("prefill_memory") is not None and cfg.bench.prefill_memory.enabled:
+        return run_prefill_memory(cfg)
     if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
         return run_sweep(cfg)
     if cfg.bench.get("batching") is not None and cfg.bench.batching.enabled:

@@ -107,7 +107,7 @@ def planned_frontier(arch: dict, compressor, cap_bytes: int, batch: int, cfg, de
 
 def run_frontier(cfg, out, model_cfg: dict, device: str, specs: list[dict]) -> list[dict]:
     """Rows ``{method, budget, batch, measured_frontier_tokens, planned_frontier_tokens, ...}``."""
-    from ..runner import chunking, model_architecture
+    from ..runner import model_architecture
     bench_cfg = cfg.bench
     cap = int(float(bench_cfg.memory_gib) * 2**30)
     arch = model_architecture(cfg.model)
