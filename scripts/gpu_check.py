@@ -684,7 +684,8 @@ def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
         times[length] = gen.prefill_s
         out["runs"].append({"input_tokens": length, "prefill_s": round(gen.prefill_s, 2),
                             "measured_gib": round(meter.above_base / GIB, 3), "planned_gib": round(planned / GIB, 3),
-                            "planner_error": round(planned / meter.above_base - 1, 4)})
+                            "planner_error": round(planned / meter.above_base - 1, 4) if meter.above_base > 0
+                            else None})
         length = min(2 * length, longest) if length < longest else longest + 1
     done = [r for r in out["runs"] if "measured_gib" in r]
     if len(done) >= 2:
@@ -693,7 +694,7 @@ def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
         measured = (b["measured_gib"] - a["measured_gib"]) * GIB / span
         planned = (b["planned_gib"] - a["planned_gib"]) * GIB / span
         out["bytes_per_token"] = {"measured": round(measured), "planned": round(planned),
-                                  "planner_error": round(planned / measured - 1, 4)}
+                                  "planner_error": round(planned / measured - 1, 4) if measured > 0 else None}
     out["longest_run"] = done[-1]["input_tokens"] if done else None
     out["paper"] = "380K tokens on one A100-80GB (the one-pass Hugging Face prefill)"
     return out

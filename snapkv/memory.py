@@ -212,8 +212,8 @@ def chunked_transient(s: Shape, compressor, length: int, batch: int, n: int, att
       to every query head where a mask keeps it off its GQA kernels), the output, its transposed copy, o_proj's;
     - MLP: the residual sum, the normed rows and the RMSNorm's float32 temporaries, the MLP's activations;
     - compression (after the last chunk's attention): the chunk's normed rows and attention output beside the
-      method's term (``Method.compression_bytes``), a kept q_proj output for a method reading every query, and the
-      layer's kept keys and values (``stored``) gathered while its full ones are still held;
+      method's term (``Method.compression_bytes``) or, after it, the layer's kept keys and values (``stored``)
+      gathered while its full ones are still held, and a kept q_proj output for a method reading every query;
     - the end: the final norm's float32 temporaries and the last position's logits.
 
     Returns the largest beside the layer's full keys and values (every chunk's attention and compression, and the
@@ -242,8 +242,9 @@ def chunked_transient(s: Shape, compressor, length: int, batch: int, n: int, att
     compression_phase = 0
     if compressor is not None:  # after the last chunk's attention: its normed rows and o_proj output
         kept_queries = rows * q_width * n if compressor.reads_every_query or compressor.needs_attention_weights else 0
-        compression_phase = 2 * normed + kept_queries + stored + compression_transient(s, compressor, length,
-                                                                                        batch, n)
+        # the scoring, then the gather of what is kept (the scores freed by then)
+        compression_phase = 2 * normed + kept_queries + max(compression_transient(s, compressor, length, batch, n),
+                                                            stored)
     end = rows * hidden * 4 * 2 + batch * s.vocab * 4
     if c >= length:  # one chunk: its MLP runs once the layer is compressed
         return residual + max(attention_phase, compression_phase), residual + max(mlp_phase, end)

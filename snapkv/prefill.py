@@ -228,10 +228,11 @@ class ChunkedPrefill:
 
     def _attention(self, module):
         """The attention a chunk runs: ``split_attention`` where it applies (module docstring), else the model's."""
-        config = self.model.config
-        if self.running.padding is None and config._attn_implementation == "sdpa" and splits_on(module):
+        config, current = self.model.config, self.running
+        if len(current.bounds) > 1 and current.padding is None and config._attn_implementation == "sdpa" \
+                and splits_on(module):
             return PREFILL_ATTENTION
-        return None
+        return None  # one chunk: the model's own attention, as one pass runs it
 
     def _mask(self, idx: int, rows, start: int, end: int, position_ids):
         """The mask transformers builds for these query rows over the layer's first ``end`` keys."""

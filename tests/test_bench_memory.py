@@ -88,12 +88,21 @@ def slope(peaks: dict) -> float:
     return (high - low) / (long - short)
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """The measuring worker on one thread, as ``make test`` runs every test: a kernel run on more threads allocates
+    buffers of its own per thread (the runtime's, which the planner does not count; SnapKV's window scoring on two
+    threads measured 5% more per prompt token on the MHA shape)."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_planners_bytes_per_prompt_token_are_the_measured_ones(shape):
+def test_the_planners_bytes_per_prompt_token_are_the_measured_ones(shape, one_thread):
     """The issue's bar: the per-token slope of the prefill's peak over two lengths, planned against measured, within
-    5% for SnapKV (the paper's method) and full KV, on an MHA and a GQA shape (measured on a 2-core CPU: SnapKV
-    within 2-4%, full KV within 0.2%), and each peak within 10% (the runtime's own few MiB are not planned; measured:
-    -7% to +3%)."""
+    5% for SnapKV (the paper's method) and full KV, on an MHA and a GQA shape (measured on a 2-core CPU, one thread:
+    SnapKV -3.8% and +0.7%, full KV +0.1% and +0.2%), and each peak within 10% (the runtime's own few MiB are not
+    planned; measured: within 3.2%)."""
     worker = shape_worker(shape)
     try:
         for method in ("snapkv", "full"):
@@ -106,10 +115,10 @@ def test_the_planners_bytes_per_prompt_token_are_the_measured_ones(shape):
 
 
 @pytest.mark.parametrize("method", ["h2o", "adakv"])
-def test_the_planner_follows_a_measured_cpu_peak(method):
+def test_the_planner_follows_a_measured_cpu_peak(method, one_thread):
     """Methods with more of their own beside the prefill: H2O scores every query (one chunk as long as the prompt),
-    AdaKV ranks across heads; the slope within 10% and each peak within 10% (measured: H2O's slope 8% under on the
-    MHA shape, 4% on the GQA one; AdaKV's 6% over and 2% under)."""
+    AdaKV ranks across heads; the slope within 10% and each peak within 10% (measured, one thread: H2O -0.8%, AdaKV
+    +6.0%; peaks within 2.8%)."""
     worker = shape_worker("mha")
     try:
         planned, measured = planned_and_measured(worker, "mha", method)
