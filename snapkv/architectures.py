@@ -33,8 +33,14 @@ def replaced_forwards(modules, replacement):
             del module.forward
 
 
+# families whose attention rotates queries and keys on some layers only, with no attribute saying which (Cohere2:
+# its full-attention layers apply no RoPE): queries read with RoPE there would select wrongly
+ROPE_ON_SLIDING_LAYERS_ONLY = ("cohere2",)
+
+
 def check_supported(model) -> None:
-    """Fail loudly for a model whose attention the compressor cannot read."""
+    """Fail loudly for a model whose attention the compressor cannot read exactly (never a silently wrong
+    selection): a module unlike the Llama family's, layers without RoPE, a query norm over the whole projection."""
     config = model.config
     model_type = getattr(config, "model_type", "?")
     supported = ", ".join(TESTED)
@@ -44,6 +50,16 @@ def check_supported(model) -> None:
         if attn is None or not all(hasattr(attn, n) for n in needed) or rope_function(attn) is None:
             raise InputError(f"model_type={model_type!r} is not supported (its attention module differs from "
                              f"the Llama family's); supported: {supported}")
+        if not getattr(attn, "use_rope", True) or (model_type in ROPE_ON_SLIDING_LAYERS_ONLY
+                                                   and getattr(attn, "sliding_window", None) is None):
+            raise InputError(f"model_type={model_type!r} is not supported: layer {attn.layer_idx} applies no RoPE "
+                             "(SmolLM3's no_rope_layers, Cohere2's full-attention layers), which the compressor's "
+                             f"queries assume; supported: {supported}")
+        norm = getattr(getattr(attn, "q_norm", None), "weight", None)
+        if norm is not None and norm.shape[-1] != attn.head_dim:
+            raise InputError(f"model_type={model_type!r} is not supported: its q_norm normalises the whole "
+                             f"{norm.shape[-1]}-wide query projection (OLMo-2), not each head of {attn.head_dim}; "
+                             f"supported: {supported}")
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         sliding = any(t != "full_attention" for t in layer_types)
