@@ -6,6 +6,7 @@ import torch
 
 import snapkv
 from conftest import compose
+from snapkv.errors import InputError
 from snapkv.memory import longest_fitting, plan
 from tiny_models import tiny_model
 
@@ -371,3 +372,28 @@ def test_plan_only_prints_the_planner_without_weights(tmp_path):
     assert [r["input_tokens"] for r in plan_rows if "input_tokens" in r] == [4096, 16384, 4096, 16384]
     fitting = {r["method"]: r["longest_fitting_tokens"] for r in plan_rows if "longest_fitting_tokens" in r}
     assert fitting["full"] < fitting["snapkv"]
+
+
+@pytest.mark.slow
+def test_the_prefill_memory_section_reports_bytes_per_token_time_and_plans(tmp_path):
+    """``bench.prefill_memory.enabled``: per prefill (chunked, one pass) the measured and planned bytes per prompt token
+    with the floor and the layer-wise minimum, the time ratio, the longest input planned per memory size."""
+    from eval.bench.__main__ import run
+    cfg = compose("bench", ["model=tiny-llama", "bench.prefill_memory.enabled=true",
+                            "bench.prefill_memory.lengths=[512,1024]", "bench.prefill_memory.time_lengths=[256]",
+                            "bench.prefill_memory.memory_gib=[24,80]", "bench.prefill_memory.plan_lengths=[1048576]",
+                            "model.prefill_chunk=128",
+                            f"output_dir={tmp_path}"])
+    result = run(cfg)
+    assert [(row["method"], row["prefill_chunk"]) for row in result["memory"]] == [("snapkv", 128), ("snapkv", None)]
+    for row in result["memory"]:
+        assert row["measured_bytes_per_token"] > 0 and set(row["measured_peaks"]) == {512, 1024}
+        assert row["floor_bytes_per_token"] == (64 + 2 * 2 * 16) * 4  # tiny-llama: hidden 64, 2 KV heads of 16
+        assert row["layerwise_minimum_bytes_per_token"] == row["floor_bytes_per_token"] + 64 * 4 + 4 * 4
+    assert result["time"][0]["input_tokens"] == 256 and result["time"][0]["time_ratio"] > 0
+    longest = {(row["method"], row["prefill_chunk"]): row for row in result["plan"]["longest"]}
+    assert longest[("snapkv", 2048)]["80"] > 2 * longest[("snapkv", None)]["80"] > longest[("full", None)]["80"]
+    assert (tmp_path / "prefill_memory.md").read_text().startswith("# Prefill memory: tiny-llama")
+    with pytest.raises(InputError, match="bench.prefill_memory.lengths"):
+        run(compose("bench", ["bench.prefill_memory.enabled=true", "bench.prefill_memory.lengths=[1024]",
+                              f"output_dir={tmp_path}/bad"]))

@@ -230,6 +230,24 @@ def test_dry_run_plans_the_paper_grid_without_loading_anything(tmp_path, monkeyp
     assert full_fits[0] and not full_fits[-1] and full_fits == sorted(full_fits, reverse=True)
 
 
+def test_the_needle_to_a_million_tokens_is_planned_to_fit_one_80_gib_gpu(tmp_path, monkeypatch):
+    """``experiment=needle_1m``: the paper's setting and depths, 45 lengths to LWM's trained 1,048,576 tokens; with
+    the chunked prefill every length is planned to fit 80 GiB, the longest at about 39 GiB; with the model's one-pass
+    prefill it would not."""
+    import eval.runner
+    from eval.needle.__main__ import run
+    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    base = ["experiment=needle_1m", "needle.haystack=noise", "needle.dry_run=true", "needle.memory_gib=80"]
+    plan = run(compose("needle", [*base, f"output_dir={tmp_path}"]))
+    lengths = [r["context_length"] for r in plan["per_length"]]
+    assert len(lengths) == 45 and lengths[0] == 1000 and lengths[-1] == 1_048_576 and plan["cells"] == 450
+    assert plan["depths"] == [0, 11, 22, 33, 44, 56, 67, 78, 89, 100]
+    assert all(r["fits"] for r in plan["per_length"])
+    assert 35 * 2**30 < plan["per_length"][-1]["predicted_peak_bytes"] < 50 * 2**30
+    one_pass = run(compose("needle", [*base, "model.prefill_chunk=null", f"output_dir={tmp_path}/one_pass"]))
+    assert not one_pass["per_length"][-1]["fits"]
+
+
 def test_heatmap_labels_are_exact_token_counts_and_lines_are_placed(tmp_path):
     import matplotlib.pyplot as plt
     from eval.needle.heatmap import _boundary, draw, frontier_from_bench, frontier_from_cells
