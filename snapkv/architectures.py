@@ -7,7 +7,9 @@ from contextlib import contextmanager
 import torch
 from .errors import InputError
 
-TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+# the families tests/test_families.py reads exactly as the model attends (and the MoE variants of two of them)
+TESTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "granite", "cohere", "olmo",
+          "starcoder2", "smollm3")
 
 
 def decoder_layers(model) -> list:
@@ -66,8 +68,9 @@ def check_supported(model) -> None:
     else:
         sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
     if sliding:
-        raise InputError(f"model_type={model_type!r} with sliding_window={config.sliding_window} is not supported: "
-                         "set config.sliding_window=None (Mistral v0.2+ has none)")
+        raise InputError(f"model_type={model_type!r} with sliding-window layers (sliding_window="
+                         f"{config.sliding_window}) is not supported: the compressor would keep positions those layers "
+                         "never attend to (Mistral v0.2 and later have none)")
 
 
 def rope_function(attn):
