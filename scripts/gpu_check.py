@@ -494,6 +494,13 @@ def section_memory(mode: Mode, clock: Clock) -> dict:
     return out
 
 
+def predicted_prefill_s(times: dict, length: int) -> float:
+    """A prefill's seconds at ``length``: ``a*L + b*L^2`` fitted on the last two of ``{length: seconds}``."""
+    (l1, t1), (l2, t2) = sorted(times.items())[-2:]
+    b = max((t2 / l2 - t1 / l1) / (l2 - l1), 0.0)
+    return max(t2 / l2 - b * l2, 0.0) * length + b * length**2
+
+
 def section_long_context(mode: Mode, clock: Clock) -> dict:
     model = lwm_model(mode)
     runner = Runner(model, mlp_chunk=mode.mlp_chunk)
@@ -501,11 +508,8 @@ def section_long_context(mode: Mode, clock: Clock) -> dict:
     out = {"setting": cfg.label(), "decode_tokens": 16, "runs": []}
     times = {}
     for length in mode.long_lengths:
-        if len(times) >= 2:  # prefill time ~ a*L + b*L^2, fitted on the last two runs
-            (l1, t1), (l2, t2) = sorted(times.items())[-2:]
-            b = max((t2 / l2 - t1 / l1) / (l2 - l1), 0.0)
-            a = max(t2 / l2 - b * l2, 0.0)
-            predicted = a * length + b * length**2
+        if len(times) >= 2:
+            predicted = predicted_prefill_s(times, length)
             if predicted > clock.left() - 5:
                 out["runs"].append({"input_tokens": length, "skipped": f"predicted {predicted:.0f} s, "
                                                                        f"{clock.left():.0f} s left"})
@@ -661,9 +665,7 @@ def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
     length, times = int(32768 / 32 if mode.smoke else 32768), {}
     while length <= longest:
         if len(times) >= 2:
-            (l1, t1), (l2, t2) = sorted(times.items())[-2:]
-            b = max((t2 / l2 - t1 / l1) / (l2 - l1), 0.0)
-            predicted = max(t2 / l2 - b * l2, 0.0) * length + b * length**2
+            predicted = predicted_prefill_s(times, length)
             if predicted > clock.left() - 10:
                 out["runs"].append({"input_tokens": length, "skipped": f"predicted {predicted:.0f} s, "
                                                                        f"{clock.left():.0f} s left"})

@@ -191,11 +191,15 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
             "peak_above_weights_bytes": max(prefill_peak, decode_peak) - weights}
 
 
+def last_chunk(length: int, chunk: int, rows_read: int | None) -> int:
+    """The rows of a chunked prefill's last chunk (``snapkv.prefill.chunk_bounds``), its longest: ``chunk``, or the
+    rows the settings read if more (``Method.prefill_rows``; None: every row), at most the prompt."""
+    return length if rows_read is None else min(length, max(chunk, rows_read))
+
+
 def chunk_rows(length: int, compressor, chunk: int, question_tokens: int | None = None) -> int:
-    """The rows of a chunked prefill's longest chunk: ``chunk``, or the last chunk's (the rows the setting reads,
-    ``Method.prefill_rows``: every row for None)."""
-    tail = compressor.prefill_rows(length, question_tokens) if compressor is not None else 0
-    return length if tail is None else min(length, max(chunk, tail))
+    """The rows of the longest chunk of ``compressor``'s chunked prefill (``last_chunk``)."""
+    return last_chunk(length, chunk, compressor.prefill_rows(length, question_tokens) if compressor is not None else 0)
 
 
 def chunked_transient(s: Shape, compressor, length: int, batch: int, n: int, attn_implementation: str,

@@ -38,9 +38,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .errors import InputError
-from .memory import PREFILL_CHUNK  # noqa: F401 (the session's default, planned there)
+from .memory import PREFILL_CHUNK, last_chunk  # noqa: F401 (PREFILL_CHUNK: the session's default, planned there)
 from .transformers_workarounds import cache_argument, filled_layer
-
 
 
 def check_chunk(chunk) -> int | None:
@@ -56,8 +55,7 @@ def check_chunk(chunk) -> int | None:
 def chunk_bounds(length: int, chunk: int, tail: int | None) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` covering ``[0, length)``: chunks of ``chunk`` tokens, the last one ``tail`` tokens
     if longer (the rows the settings read: None, every row)."""
-    tail = length if tail is None else min(length, max(chunk, tail))
-    head = length - tail
+    head = length - last_chunk(length, chunk, tail)
     return [(start, min(start + chunk, head)) for start in range(0, head, chunk)] + [(head, length)]
 
 
@@ -89,9 +87,6 @@ class PrefillLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.written
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.written + query_length, 0
 
 
 class _ChunkSizes:
@@ -333,7 +328,7 @@ def _rows(value, start: int, end: int, length: int):
     if isinstance(value, tuple):
         return tuple(_rows(v, start, end, length) for v in value)
     if torch.is_tensor(value):
-        if value.dim() >= 2 and value.shape[1] == length and not (value.dim() == 4 and value.stride(-1) == 0):
+        if value.dim() >= 2 and value.shape[1] == length:
             return value[:, start:end]
         if value.dim() == 1 and value.shape[0] == length:
             return value[start:end]

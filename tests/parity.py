@@ -139,3 +139,14 @@ def compare_held(got: np.ndarray, want: np.ndarray, cuts: list, label: str = "")
                 why = f"positions {far[:4]} were at no tie of our {len(cuts[layer])} cuts" if far else None
             result.add(layer, head, why)
     return result.reported(label)
+
+
+def kept_array(cache, length: int, row: int = 0) -> np.ndarray:
+    """``[layers, heads, length]`` bool: the prompt positions each head of ``row`` keeps (``snapkv.kept_positions``)."""
+    import snapkv
+    rows = snapkv.kept_positions(cache)
+    kept = np.zeros((len(rows), len(rows[0][row]), length), dtype=bool)
+    for layer, per_row in enumerate(rows):
+        for head, positions in enumerate(per_row[row]):
+            kept[layer, head, positions.numpy()] = True
+    return kept

@@ -8,7 +8,7 @@ import pytest
 
 import snapkv
 from conftest import compose
-from snapkv.memory import plan
+from eval.bench.prefill_memory import slope
 
 pytestmark = pytest.mark.slow
 
@@ -68,24 +68,14 @@ def warm_up(worker) -> None:
 
 
 def planned_and_measured(worker, shape: str, method: str) -> tuple[dict, dict]:
-    """Per length, the planner's peak above the weights and the worker's peak above the model (the shorter length
-    first: what a longer run leaves behind adds a few MiB to a shorter one's peak)."""
+    """Per length, the planner's peak above the weights and the worker's peak above the model, as the bench's
+    prefill-memory section takes them (``eval.bench.prefill_memory``: the method once first, then the shorter
+    length first)."""
+    from eval.bench.prefill_memory import measured_peaks, planned_peaks
     fields = {} if method == "full" else {"budget": 1024, "window": 32}
     compressor = snapkv.build_config(method, **fields) if fields else None
-    planned, measured = {}, {}
-    for length in (LENGTHS[0] // 2, *LENGTHS):  # the method once first: its own one-time allocations (4-6 MiB)
-        spec = {"method": method, "budget": fields.get("budget"), "input_tokens": length, "batch": 1,
-                "decode_tokens": 2, "repeats": 1, "warmup": False, "compressor": fields}
-        planned[length] = plan(SHAPES[shape], length, compressor, dtype="float32", decode_tokens=2, device="cpu",
-                               prefill_chunk=CHUNK)["peak_above_weights_bytes"]
-        measured[length] = worker.measure(spec)["peak_above_model_bytes"]
-    del planned[LENGTHS[0] // 2], measured[LENGTHS[0] // 2]
-    return planned, measured
-
-
-def slope(peaks: dict) -> float:
-    (short, low), (long, high) = sorted(peaks.items())
-    return (high - low) / (long - short)
+    return (planned_peaks(SHAPES[shape], compressor, LENGTHS, "float32", "sdpa", "cpu", CHUNK),
+            measured_peaks(worker, method, fields, LENGTHS))
 
 
 @pytest.fixture

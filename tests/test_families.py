@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 import snapkv
-from parity import compare_kept
+from parity import compare_kept, kept_array
 from snapkv.prefill import PREFILL_CHUNK
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -84,11 +84,8 @@ def test_a_family_is_read_as_the_model_attends(family, chunk):
     with torch.no_grad(), snapkv.compress(model, cfg, record_scores=True, prefill_chunk=chunk) as session:
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)
         cache = session.caches[0]
-    got = np.zeros_like(want)
-    for layer, rows in enumerate(snapkv.kept_positions(cache)):
-        for head, positions in enumerate(rows[0]):
-            got[layer, head, positions.numpy()] = True
-    comparison = compare_kept(got, want, snapkv.ranking_scores(cache), label=f"family {family}")
+    comparison = compare_kept(kept_array(cache, ids.shape[1]), want, snapkv.ranking_scores(cache),
+                              label=f"family {family}")
     assert comparison.equal, comparison.describe(family)
 
 

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import snapkv
-from parity import compare_kept
+from parity import compare_kept, kept_array
 from snapkv.prefill import PREFILL_CHUNK
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kvpress"
@@ -65,10 +65,8 @@ def our_channels(cache, shape) -> np.ndarray:
 
 
 def our_kept(cache, shape) -> np.ndarray:
-    kept = np.zeros(shape, dtype=bool)
-    for layer, rows in enumerate(snapkv.kept_positions(cache)):
-        for head, positions in enumerate(rows[0]):
-            kept[layer, head, positions.numpy()] = True
+    kept = kept_array(cache, shape[-1])
+    assert kept.shape == tuple(shape), (kept.shape, shape)
     return kept
 
 

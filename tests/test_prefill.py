@@ -14,20 +14,10 @@ from transformers import DynamicCache
 
 import snapkv
 from method_settings import RUNNABLE, small
-from parity import compare_kept
+from parity import compare_kept, kept_array
 from snapkv.errors import InputError
 from snapkv.prefill import PREFILL_CHUNK, DeferredRotary, PrefillLayer, check_chunk, chunk_bounds, split_attention
 from tiny_models import tiny_model
-
-
-def kept_array(cache, length: int, row: int = 0) -> np.ndarray:
-    """``[layers, heads, length]`` bool: the prompt positions each head of ``row`` keeps."""
-    rows = snapkv.kept_positions(cache)
-    kept = np.zeros((len(rows), len(rows[0][row]), length), dtype=bool)
-    for layer, per_row in enumerate(rows):
-        for head, positions in enumerate(per_row[row]):
-            kept[layer, head, positions.numpy()] = True
-    return kept
 
 
 def prefill_and_decode(model, cfgs, ids, chunk, steps: int = 5, **kwargs):
