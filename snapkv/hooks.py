@@ -38,23 +38,27 @@ place where transformers must be worked around is in ``snapkv.transformers_worka
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .architectures import check_supported, decoder_layers, window_queries
+from .architectures import (AttentionForm, attention_of, check_supported, decoder_layers, keep_queries, reading,
+                            rotates_as_llama, stop_keeping, window_queries)
 from .cache_state import CacheState, set_state, state_of
 from .channels import KeyChannelLayer
 from .decoding_cuts import DecodingBuffer, check_buffer, cut_heads, due, gather_slots, in_score_order, ranked_slots
-from .errors import InputError
+from .errors import InputError, check_bool
 from .method import TIE_TOLERANCE, Method
 from .prefill import PREFILL_CHUNK, ChunkedPrefill, check_chunk
 from .ragged import HEADWISE_ATTENTION, RaggedLayer, pack_heads
 from .rerotation import rerotated_keys
+from .select import as_form, attention_softmax, model_logits, outside_window
 from .timing import Clock, Ledger
+from .wrapping import narrowed
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
-                                       filled_layer, kv_groups_for, route_attention, takes_ragged_attention)
+                                       filled_layer, filled_sliding_layer, kv_groups_for, route_attention,
+                                       takes_ragged_attention)
 
 
 @dataclass
@@ -69,8 +73,8 @@ class LayerContext:
     pad_mask: torch.Tensor | None
     layer_idx: int
     num_layers: int
-    projected_queries: torch.Tensor | None = None  # the module's own q_proj output, kept for a method
-    memo: dict = field(default_factory=dict)       # reading every query (``Method.reads_every_query``)
+    kept_queries: torch.Tensor | None = None       # every row's queries as the module's own call attended with
+    memo: dict = field(default_factory=dict)       # them, for a method reading every query (``reads_every_query``)
     rotary: torch.nn.Module | None = None          # the model's rotary embedding (RoPE at any position)
     clock: Clock | None = None                     # times each shared score (``spans``) for the settings' costs
     spans: dict = field(default_factory=dict)      # key -> the span its computation took
@@ -107,13 +111,13 @@ class LayerContext:
         return self.shared(("queries", n), lambda: self._queries(n))
 
     def _queries(self, n: int) -> torch.Tensor:
-        projected = self.projected_queries
-        if projected is None or n < projected.shape[1]:
-            # a window: projected again from its own rows (a slice of the module's product could round
-            # otherwise, and the selections made so far would change)
-            return window_queries(self.attn, self.hidden_states, self.position_embeddings, n)
-        self.projected_queries = None  # every row: the module's own product, held no longer than this
-        return window_queries(self.attn, self.hidden_states, self.position_embeddings, n, projected)
+        kept = self.kept_queries
+        if kept is not None and n == kept.shape[-2]:
+            self.kept_queries = None  # every row: the module's own, held no longer than this
+            return kept
+        # a window: the module's own computation on exactly these rows (snapkv.architectures.module_call; a slice
+        # of the whole pass's product could round otherwise, and the selections made so far would change)
+        return window_queries(self.attn, self.hidden_states, self.position_embeddings, n)
 
     def attention_weights(self) -> torch.Tensor:
         """``[b, H, q, L]``: the softmax of every query of this pass (``q`` rows: the whole prompt at a prefill)
@@ -127,12 +131,17 @@ class LayerContext:
         own, self.weights = self.weights, None  # held no longer than this
         if own is not None and own.shape[0] == b and own.shape[-2:] == (q_len, length):
             return own
-        return eager_attention_weights(self.queries(q_len), self.keys, self.pad_mask, self.scaling)
+        return eager_attention_weights(self.queries(q_len), self.keys, self.pad_mask, self.form)
+
+    @property
+    def form(self) -> AttentionForm:
+        """How the layer turns scores into attention (scaling, soft-capping, sinks), as its module calls it."""
+        return reading(self.attn).form
 
     @property
     def scaling(self) -> float | None:
         """The attention module's own score scaling (None: 1/sqrt(head_dim))."""
-        return getattr(self.attn, "scaling", None)
+        return self.form.scaling
 
 
 # query rows per block of ``eager_attention_weights`` (its float32 softmax is one block's): small on a CPU, where
@@ -141,30 +150,37 @@ _WEIGHT_ROWS, _CPU_WEIGHT_ROWS = 1024, 128
 
 
 def eager_attention_weights(queries: torch.Tensor, keys: torch.Tensor, pad_mask: torch.Tensor | None = None,
-                            scaling: float | None = None) -> torch.Tensor:
+                            scaling: float | AttentionForm | None = None) -> torch.Tensor:
     """``[b, H, q, L]`` in the queries' dtype: the attention weights eager attention computes for ``queries``
     (``[b, H, q, d]``, post-RoPE, the last ``q`` of the ``L`` positions) over ``keys`` (``[b, kv_heads, L, d]``):
-    the keys repeated to every query head of their group, ``QK^T`` times ``scaling`` (None: ``1/sqrt(d)``),
-    each query blind to later keys and to padded ones (``pad_mask`` ``[b, L]``), softmax in float32, cast back.
+    the keys repeated to every query head of their group, ``QK^T`` as the layer's ``AttentionForm`` makes logits
+    (``scaling``, None: ``1/sqrt(d)``; soft-capping), each query blind to later keys, to keys outside its sliding
+    window and to padded ones (``pad_mask`` ``[b, L]``), softmax in float32 (with the layer's sinks), cast back.
     Query rows go by blocks; a masked score is set to the dtype's lowest where eager adds it (either way its
     weight is an exact 0), so the weights are eager's bit for bit given the same queries and keys."""
     b, n_heads, q_len, d = queries.shape
     n_kv, length = keys.shape[1], keys.shape[2]
-    scale = scaling if scaling is not None else d ** -0.5
+    form = as_form(scaling)
+    if form.scaling is None:  # eager multiplies by the module's 1/sqrt(d)
+        form = replace(form, scaling=d ** -0.5)
     repeated = keys[:, :, None].expand(b, n_kv, n_heads // n_kv, length, d).reshape(b, n_heads, length, d)
     out = torch.empty(b, n_heads, q_len, length, dtype=queries.dtype, device=queries.device)
     key_pos = torch.arange(length, device=queries.device)
     hidden_keys = None if pad_mask is None or pad_mask.shape[-1] != length else ~pad_mask[:, None, None, :]
+    sinks = None if form.sinks is None else form.sinks.view(1, n_heads, 1, 1)
     lowest = torch.finfo(queries.dtype).min
     rows = _CPU_WEIGHT_ROWS if queries.device.type == "cpu" else _WEIGHT_ROWS
     for start in range(0, q_len, rows):
         end = min(start + rows, q_len)
-        scores = torch.matmul(queries[:, :, start:end], repeated.transpose(2, 3)) * scale
-        later = key_pos[None, :] > torch.arange(start, end, device=queries.device)[:, None] + (length - q_len)
-        scores.masked_fill_(later, lowest)
+        scores = model_logits(torch.matmul(queries[:, :, start:end], repeated.transpose(2, 3)), d, form)
+        query_pos = torch.arange(start, end, device=queries.device) + (length - q_len)
+        scores.masked_fill_(key_pos[None, :] > query_pos[:, None], lowest)
+        older = outside_window(query_pos, key_pos, form.sliding_window)
+        if older is not None:
+            scores.masked_fill_(older, lowest)
         if hidden_keys is not None:
             scores.masked_fill_(hidden_keys, lowest)
-        out[:, :, start:end] = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        out[:, :, start:end] = attention_softmax(scores, sinks)
     return out
 
 
@@ -186,7 +202,8 @@ class CompressionSession:
     """Hooks that apply one compressor config to one model; ``compress()`` attaches and detaches it."""
 
     def __init__(self, model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens=None,
-                 record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK):
+                 record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK,
+                 compress_sliding: bool = False):
         cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
         if not cfgs:
             raise InputError("cfg=[]: give at least one compressor config")
@@ -210,23 +227,34 @@ class CompressionSession:
         self.record_scores = recording_tolerance(record_scores)
         # prefills run layer by layer in chunks of this many tokens (snapkv.prefill); None: the model's own pass
         self.prefill_chunk = check_chunk(prefill_chunk)
+        # sliding-window layers hold what the model's own sliding cache holds (its last window - 1 tokens); True:
+        # they are compressed too, within that window (docs/library.md)
+        check_bool("compress_sliding", compress_sliding)
+        self.compress_sliding = compress_sliding
         self._chunked: ChunkedPrefill | None = None
         # how many of the next prefills' last tokens are the question (``Method.needs_question_length``): set it
         # before each prefill whose question length differs (the runner does, per prompt)
         self.question_tokens = question_tokens
         self.layers = decoder_layers(model)
         self._rotary = getattr(self.decoder, "rotary_emb", None)
+        slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
+        for one in cfgs:
+            if one.compresses and one.rerotates_keys:
+                check_rerotation(one, self.layers, self._rotary)
+            if one.compresses and one.scores_after_prefill and slides:
+                raise InputError(f"{one.method}: its replay scores every layer's whole prompt after the prefill, which "
+                                 f"the sliding-window layers of model_type={model.config.model_type!r} do not hold")
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self.caches: list = []                # of the latest prefill, one per setting
         self.compression = Ledger()           # of the latest prefill: every setting's compression, shared work once
         self._handles: list = []
         self._groups = {}
         self._attention = model.config._attn_implementation  # restored after a call routed elsewhere
-        # a method scoring every query (H2O) reads the prompt's query projection as the module made it
-        self._keeps_projections = any(one.reads_every_query or one.needs_attention_weights for one in cfgs)
         # a method reading the attention weights (ObservedAttention) takes the module's own where it returns them
         self._keeps_weights = any(one.needs_attention_weights for one in cfgs)
-        self._projections: dict = {}
+        # a method scoring every query (H2O) reads the prompt's queries as the module handed them to its attention
+        self._keeps_queries = any(one.reads_every_query or one.needs_attention_weights for one in cfgs)
+        self._kept_queries: dict = {}
         self._generate = None
         for one in cfgs:  # what a method fixes once per model (``Method.prepare``), before any hook is attached
             if one.compresses:
@@ -239,12 +267,11 @@ class CompressionSession:
         self._handles.append(base.register_forward_pre_hook(self._before_decoder, with_kwargs=True))
         self._handles.append(base.register_forward_hook(self._after_decoder, with_kwargs=True))
         for layer in self.layers:
-            attn = layer.self_attn
-            self._groups[attn] = attn.num_key_value_groups
+            attn = attention_of(layer)
+            probe = reading(attn)
+            self._groups[attn] = getattr(attn, "num_key_value_groups", probe.query_heads // probe.kv_heads)
             self._handles.append(attn.register_forward_pre_hook(self._before_attention, with_kwargs=True))
             self._handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
-            if self._keeps_projections:
-                self._handles.append(attn.q_proj.register_forward_hook(self._projection_keeper(attn)))
         if self.prefill_chunk is not None:
             self._chunked = ChunkedPrefill(self.model, self.decoder, self.layers, self.prefill_chunk)
             self._chunked.attach()
@@ -256,12 +283,15 @@ class CompressionSession:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._projections.clear()
+        for layer in self.layers:  # a pass that raised midway
+            stop_keeping(attention_of(layer))
+        self._kept_queries.clear()
         if self._chunked is not None:
             self._chunked.detach()
             self._chunked = None
         for attn, groups in self._groups.items():
-            attn.num_key_value_groups = groups
+            if hasattr(attn, "num_key_value_groups"):
+                attn.num_key_value_groups = groups
             if attn.config._attn_implementation in (RAGGED_ATTENTION, HEADWISE_ATTENTION):  # raised midway
                 route_attention(attn, self._attention)
         if self._generate is not None:
@@ -453,7 +483,7 @@ class CompressionSession:
                 valid = None  # every head keeps as many: a uniform layer
             per_head = kept.shape[-1] if valid is None else int(valid.sum(dim=-1).float().mean().item())
             self._store(cache, state, idx, keys, values, kept, valid, per_head,
-                        self._groups[self.layers[idx].self_attn])
+                        self._groups[attention_of(self.layers[idx])])
         state.prompt_ids = None  # scored once
 
     @property
@@ -481,8 +511,11 @@ class CompressionSession:
         cache = cache_argument(kwargs)
         if cache is None or module.layer_idx >= len(cache.layers):
             return None
-        module.num_key_value_groups = kv_groups_for(cache.layers[module.layer_idx], self._groups[module])
+        if hasattr(module, "num_key_value_groups"):  # (a module repeating no keys, GPT-NeoX's, has none)
+            module.num_key_value_groups = kv_groups_for(cache.layers[module.layer_idx], self._groups[module])
         state = state_of(cache)
+        if state is not None and state.in_prefill and self._keeps_queries:
+            keep_queries(module, lambda query: self._kept_queries.__setitem__(module, query))
         if state is None or not state.compressed:
             return None
         layer = cache.layers[module.layer_idx]
@@ -522,6 +555,9 @@ class CompressionSession:
         q, length = state.query_len, layer.keys.shape[-2]
         visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
         visible[:, :, length:] = torch.ones(q, q, dtype=torch.bool, device=hidden.device).tril()
+        if getattr(layer, "is_sliding", False):  # the model's sliding layer: its window, counted from each query
+            keys_at = torch.arange(length + q, device=hidden.device)
+            visible &= ~outside_window(keys_at[length:], keys_at, layer.sliding_window)
         if state.kept_mask is not None:
             visible[:, :, :length] &= state.kept_mask[:, None, :length]
         if state.layer_masks is not None:
@@ -531,14 +567,9 @@ class CompressionSession:
         blocked = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
         return blocked.masked_fill(~visible, torch.finfo(hidden.dtype).min)
 
-    def _projection_keeper(self, attn):
-        """A forward hook on ``attn.q_proj`` that keeps its output until the attention module returns."""
-        def keep(module, args, output):
-            self._projections[attn] = output
-        return keep
-
     def _after_attention(self, module, args, kwargs, output):
-        projected = self._projections.pop(module, None)
+        stop_keeping(module)
+        kept_queries = self._kept_queries.pop(module, None)
         if "snapkv_segments" in kwargs or "snapkv_layer" in kwargs:
             route_attention(module, self._attention)
         cache = cache_argument(kwargs)
@@ -546,7 +577,7 @@ class CompressionSession:
         if state is None:
             return None
         if not state.in_prefill:
-            if state.cfg is not None and state.cfg.decodes:
+            if state.cfg is not None and state.cfg.decodes and not self._keeps_whole(module):
                 self._decoding_pass(module, args, kwargs, cache, state)
             return None
         chunked = self._chunked.running if self._chunked is not None else None
@@ -559,7 +590,7 @@ class CompressionSession:
         if self._keeps_weights and isinstance(output, tuple) and len(output) > 1 and torch.is_tensor(output[1]):
             weights = output[1]  # eager attention's own (sdpa and flash return None)
         ctx = LayerContext(module, hidden, kwargs["position_embeddings"], layer.keys, layer.values, state.pad_mask,
-                           idx, len(self.layers), projected, rotary=self._rotary, clock=Clock(layer.keys.device),
+                           idx, len(self.layers), kept_queries, rotary=self._rotary, clock=Clock(layer.keys.device),
                            weights=weights, question_tokens=state.question_tokens,
                            pass_tokens=chunked.length if chunked is not None else 0)
         # the siblings first: the first setting's own cache layer is replaced last
@@ -632,8 +663,29 @@ class CompressionSession:
             layer.keys, layer.values = gather_slots(layer.keys, layer.values, kept)
         state.record_decoding_cut(idx, kept, length, target)
 
+    def _keeps_whole(self, attn) -> bool:
+        """Whether the layer is a sliding-window one left as the model's own sliding cache holds it."""
+        return reading(attn).form.sliding_window is not None and not self.compress_sliding
+
     def _compress_layer(self, ctx: LayerContext, cache, state: CacheState) -> None:
         """Store ``ctx``'s layer, compressed by the cache's setting, as that cache's layer."""
+        sliding = ctx.form.sliding_window
+        if sliding is not None:
+            if state.cfg.compresses and state.pad_mask is not None:
+                raise InputError(f"{state.cfg.method}: a left-padded batch cannot be compressed on a model with "
+                                 "sliding-window layers (they hold each row's last tokens, padding included); "
+                                 "prefill the prompts one at a time")
+            held = min(sliding - 1, state.consumed)
+            seen = torch.arange(state.consumed - held, state.consumed, dtype=torch.int32, device=ctx.keys.device)
+            if self._keeps_whole(ctx.attn) or not state.cfg.compresses:
+                cache.layers[ctx.layer_idx] = filled_sliding_layer(ctx.keys, ctx.values, sliding, state.consumed)
+                state.prompt_slots[ctx.layer_idx] = seen.expand(ctx.keys.shape[0], ctx.keys.shape[1], held)
+                state.prompt_length = state.consumed
+                state.record_layer(ctx.layer_idx, held)
+                return
+            # compress_sliding: the layer's window alone is compressed (its slots labelled with their positions)
+            state.prompt_slots[ctx.layer_idx] = seen.expand(ctx.keys.shape[0], ctx.keys.shape[1], held)
+            ctx = within_window(ctx, held)
         idx, keys, values = ctx.layer_idx, ctx.keys, ctx.values
         length = keys.shape[-2]
         cfg = state.cfg
@@ -659,19 +711,22 @@ class CompressionSession:
                 state.record_ranking_scores(idx, scores, bounds, cfg.head_adaptive)
         self._store(cache, state, idx, keys, values, kept, valid, budget, self._groups[ctx.attn], channels)
         if cfg.rerotates_keys:
-            self._rerotate(cache.layers[idx], state, idx, kept, valid, channels, ctx.rotary)
+            self._rerotate(cache.layers[idx], state, idx, kept, valid, channels, ctx.rotary,
+                           reading(ctx.attn).rotates)
 
     @staticmethod
-    def _rerotate(layer, state: CacheState, idx: int, kept, valid, channels, rotary) -> None:
+    def _rerotate(layer, state: CacheState, idx: int, kept, valid, channels, rotary, rotates: bool = True) -> None:
         """``Method.rerotates_keys``: the layer's kept keys (just stored, at the prompt positions ``kept``) moved to
-        positions ``0..n-1``; the cache continues at ``n`` once the prefill is over (``CacheState.end_pass``)."""
+        positions ``0..n-1``; the cache continues at ``n`` once the prefill is over (``CacheState.end_pass``). A
+        layer without RoPE (``rotates`` False) holds keys of no position: they stay as they are."""
         if valid is not None or channels is not None:
             raise InputError(f"{state.cfg.method}: re-rotated keys need a uniform cut of whole keys (every head the "
                              "same number of positions)")
         if bool((kept[..., 1:] <= kept[..., :-1]).any()):
             raise InputError(f"{state.cfg.method}: re-rotated keys need each head's kept positions ascending")
-        with torch.no_grad():
-            layer.keys = rerotated_keys(layer.keys, kept, rotary)
+        if rotates:
+            with torch.no_grad():
+                layer.keys = rerotated_keys(layer.keys, kept, rotary)
         state.rerotated_layers.add(idx)
 
     @staticmethod
@@ -714,6 +769,26 @@ class CompressionSession:
         state.mark_compressed(cache)
 
 
+def within_window(ctx: LayerContext, held: int) -> LayerContext:
+    """``ctx`` narrowed to a sliding layer's last ``held`` keys (``compress_sliding``): what the layer holds."""
+    rows = min(held, ctx.hidden_states.shape[1])
+    cos, sin = ctx.position_embeddings
+    return narrowed(ctx, keys=ctx.keys[:, :, -held:], values=ctx.values[:, :, -held:],
+                    hidden_states=ctx.hidden_states[:, -rows:], position_embeddings=(cos[:, -rows:], sin[:, -rows:]),
+                    pass_tokens=min(ctx.pass_tokens, held))
+
+
+def check_rerotation(cfg, layers, rotary) -> None:
+    """Re-rotated keys (``Method.rerotates_keys``) assume Llama's RoPE on every layer that rotates; one line for a
+    model rotating otherwise (partial or interleaved RoPE), before any prefill."""
+    for layer in layers:
+        attn = attention_of(layer)
+        if reading(attn).rotates and not rotates_as_llama(attn, rotary):
+            raise InputError(f"{cfg.method}: re-rotated keys assume Llama's RoPE over every channel, and "
+                             f"model_type={attn.config.model_type!r} rotates otherwise (partial or interleaved); "
+                             "pass rerotate_keys=False")
+
+
 def recording_tolerance(record_scores) -> float:
     """``compress(..., record_scores=)``: False (0: nothing recorded), True (``TIE_TOLERANCE``) or a tolerance."""
     if isinstance(record_scores, bool):
@@ -732,7 +807,8 @@ def ragged_layer(state: CacheState, idx: int, keys, values, kept, valid) -> Ragg
 
 @contextmanager
 def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, question_tokens: int | None = None,
-             record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK):
+             record_scores: bool | float = False, prefill_chunk: int | None = PREFILL_CHUNK,
+             compress_sliding: bool = False):
     """Inside the context every prefill leaves each layer's cache compressed by ``cfg``.
 
     ``cfg`` may be a list of settings: a prefill then leaves one cache per setting, in that order
@@ -754,9 +830,10 @@ def compress(model, cfg, compress_later_turns: bool = False, tokenizer=None, que
     ``snapkv.method.TIE_TOLERANCE`` relative, or a float: by that; a copy per layer, off by default).
     ``prefill_chunk``: a prefill runs each layer over chunks of this many tokens, holding the residual stream, one
     layer's keys and values and buffers of the chunk's size (``snapkv.prefill``); None: the model's own one-pass
-    prefill."""
+    prefill. ``compress_sliding``: a model's sliding-window layers are compressed too, within their window (by
+    default they hold what the model's own sliding cache holds, and only full-attention layers are compressed)."""
     session = CompressionSession(model, cfg, compress_later_turns, tokenizer, question_tokens, record_scores,
-                                 prefill_chunk)
+                                 prefill_chunk, compress_sliding)
     session.attach()
     try:
         yield session

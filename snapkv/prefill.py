@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from .architectures import attention_of, reading, routed_to
 from .errors import InputError
 from .memory import PREFILL_CHUNK, last_chunk  # noqa: F401 (PREFILL_CHUNK: the session's default, planned there)
 from .transformers_workarounds import cache_argument, filled_layer
@@ -200,7 +201,7 @@ class ChunkedPrefill:
             while len(cache.layers) <= idx:  # a cache made without the model's config grows its layers
                 cache.layers.append(DynamicLayer())
             cache.layers[idx] = PrefillLayer(current.length)
-        attn = self.layers[idx].self_attn
+        attn = attention_of(self.layers[idx])
         split = self._attention(attn)
         rest = None  # what the layer returns beside its hidden states, if anything (the last chunk's)
         for start, end in current.bounds:
@@ -230,11 +231,14 @@ class ChunkedPrefill:
         return None  # one chunk: the model's own attention, as one pass runs it
 
     def _mask(self, idx: int, rows, start: int, end: int, position_ids):
-        """The mask transformers builds for these query rows over the layer's first ``end`` keys."""
-        from transformers.masking_utils import create_causal_mask
+        """The mask transformers builds for these query rows over the layer's first ``end`` keys (a sliding
+        window's on a sliding layer)."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
         padding = self.running.padding
-        return create_causal_mask(self.model.config, rows, None if padding is None else padding[:, :end],
-                                  _ChunkSizes(start), position_ids=position_ids, layer_idx=idx)
+        sliding = reading(attention_of(self.layers[idx])).form.sliding_window is not None
+        build = create_sliding_window_causal_mask if sliding else create_causal_mask
+        return build(self.model.config, rows, None if padding is None else padding[:, :end], _ChunkSizes(start),
+                     position_ids=position_ids, layer_idx=idx)
 
     def _rotary_forward(self, forward):
         def run(x, position_ids, *args, **kwargs):
@@ -263,28 +267,17 @@ def splits_on(module) -> bool:
     """Whether ``split_attention`` can run this module's chunks: a CPU model, torch's CPU flash kernel (it
     returns the log-sum-exp), plain causal attention (no sliding window, soft-capping or sinks)."""
     weight = next(module.parameters(), None)
-    plain = all(getattr(module, name, None) is None for name in ("sliding_window", "sinks"))
-    return _CPU_FLASH is not None and weight is not None and weight.device.type == "cpu" and plain \
-        and not getattr(module.config, "attn_logit_softcapping", None)
+    return _CPU_FLASH is not None and weight is not None and weight.device.type == "cpu" and reading(module).form.plain
 
 
 @contextmanager
 def routed(module, name: str | None):
-    """The module's attention through ``name`` while the context lasts (None: as it is)."""
+    """The module's attention through ``name`` (``split_attention``) while the context lasts (None: as it is)."""
     if name is None:
         yield
         return
-    from transformers import AttentionInterface
-
-    from .transformers_workarounds import route_attention
-    if name not in AttentionInterface._global_mapping:
-        AttentionInterface.register(name, split_attention)
-    own = module.config._attn_implementation
-    route_attention(module, name)
-    try:
+    with routed_to(module, name, split_attention):
         yield
-    finally:
-        route_attention(module, own)
 
 
 def split_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,

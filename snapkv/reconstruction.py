@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .architectures import prerope_queries, rope_function
+from .architectures import attention_of, module_call
 from .errors import InputError
 from .transformers_workarounds import filled_layer
 
@@ -70,9 +70,7 @@ def chunk_scores(attn, hidden: torch.Tensor, keys: torch.Tensor, values: torch.T
     config = attn.config
     n_kv, head_dim = config.num_key_value_heads, attn.head_dim
     groups = config.num_attention_heads // n_kv
-    queries = prerope_queries(attn, hidden)
-    cos, sin = position_embeddings
-    queries, _ = rope_function(attn)(queries, queries[:, :1], cos, sin)
+    queries = module_call(attn, hidden, position_embeddings).query
     queries = queries.view(b, n_kv, groups, q_len, head_dim)
     sink = min(n_sink, start)
     picked = torch.cat([keys[:, :, :sink], keys[:, :, start:end], keys[:, :, -q_len:]], dim=2)
@@ -118,7 +116,7 @@ def reconstruction_scores(model, layers: list, decoder, full: list, context_ids:
             n_sink, plus_normalization)
         cache.layers[idx] = filled_layer(*full[idx])  # the context again: the replay tokens are dropped
 
-    handles = [layer.self_attn.register_forward_hook(score_and_restore, with_kwargs=True) for layer in layers]
+    handles = [attention_of(layer).register_forward_hook(score_and_restore, with_kwargs=True) for layer in layers]
     try:
         for start, end, ids in replay_requests(tokenizer, context_ids, prefix_length, suffix_ids, chunk_size):
             span.update(start=start, end=end)

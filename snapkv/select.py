@@ -12,6 +12,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .architectures import AttentionForm
 from .errors import InputError
 
 # Bytes of window x L float32 attention one chunk of heads may hold at once.
@@ -32,6 +34,38 @@ def scale_scores(scores: torch.Tensor, head_dim: int, scaling: float | None, inp
     return scores.mul_(scaling) if inplace else scores * scaling
 
 
+def as_form(scaling) -> AttentionForm:
+    """A layer's ``AttentionForm``, or a bare scaling (float or None: ``1/sqrt(d)``) as the plain form."""
+    return scaling if isinstance(scaling, AttentionForm) else AttentionForm(scaling)
+
+
+def model_logits(scores: torch.Tensor, head_dim: int, form: AttentionForm) -> torch.Tensor:
+    """``Q K^T`` to the logits the module's attention takes, in place: its scaling, then its tanh soft-capping
+    (Gemma 2: ``softcap * tanh(s / softcap)``) where it has one."""
+    scale_scores(scores, head_dim, form.scaling, inplace=True)
+    if form.softcap is not None:
+        scores.div_(form.softcap).tanh_().mul_(form.softcap)
+    return scores
+
+
+def attention_softmax(logits: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 softmax over the last dimension; ``sinks`` (broadcast to ``logits[..., :1]``): a logit per head
+    that joins each row's denominator and is dropped after (gpt-oss's attention sinks, as its eager attention
+    computes them: the row's maximum subtracted first)."""
+    if sinks is None:
+        return F.softmax(logits, dim=-1, dtype=torch.float32)
+    combined = torch.cat([logits, sinks.to(logits.dtype).expand(*logits.shape[:-1], 1)], dim=-1)
+    combined = combined - combined.amax(dim=-1, keepdim=True)
+    return F.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
+
+
+def outside_window(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None):
+    """``[q, L]`` True where a key is older than a sliding window of ``window`` lets the query see (None: none)."""
+    if window is None:
+        return None
+    return key_positions[None, :] <= query_positions[:, None] - window
+
+
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
                      pad_mask: torch.Tensor | None = None, scaling: float | None = None,
                      reduce: str = "sum") -> torch.Tensor:
@@ -41,16 +75,20 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
     queries ``[b, H, Lq, d]``, keys ``[b, Hkv, L, d]``; returns ``[b, H, L - window]`` in the input
     dtype (query head ``h`` reads KV head ``h // (H / Hkv)``, as ``repeat_kv`` does).
     ``pad_mask`` ``[b, L]`` (True = real token) masks padded keys out of the softmax. ``scaling``
-    is the attention module's own (``attn.scaling``); the official code divides by sqrt(head_dim),
-    which is the same for every supported model and the default here.
+    is the layer's ``AttentionForm`` (its module's scaling, soft-capping, sinks and sliding window, as it
+    attends) or a bare scaling; None: the official code's ``1/sqrt(head_dim)``.
     """
     b, n_heads, _, d = queries.shape
     n_kv, length = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
+    form = as_form(scaling)
     q = queries[:, :, -window:, :].reshape(b, n_kv, group, window, d)
     dtype_min = torch.finfo(queries.dtype).min
     causal = torch.full((window, window), dtype_min, dtype=queries.dtype, device=queries.device)
     causal = torch.triu(causal, diagonal=1)
+    positions = torch.arange(length, device=queries.device)
+    older = outside_window(positions[-window:], positions, form.sliding_window)
+    sinks = None if form.sinks is None else form.sinks.view(n_kv, group, 1, 1)
     sums, means = [], []
     step = _kv_head_chunk(b, group, window, length)
     for start in range(0, n_kv, step):
@@ -58,11 +96,13 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, window: int,
         heads = part.shape[1]
         # each KV head's group of query rows against its keys: one batched product, the keys read where they are
         scores = torch.matmul(part.reshape(b, heads, group * window, d), keys[:, start:start + step].transpose(-1, -2))
-        scores = scale_scores(scores.view(b, heads, group, window, length), d, scaling, inplace=True)
+        scores = model_logits(scores.view(b, heads, group, window, length), d, form)
         scores[..., -window:] += causal
+        if older is not None:
+            scores.masked_fill_(older, dtype_min)
         if pad_mask is not None:
             scores = scores.masked_fill(~pad_mask[:, None, None, None, :], dtype_min)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+        probs = attention_softmax(scores, None if sinks is None else sinks[start:start + step]).to(queries.dtype)
         del scores
         # each position's column reduced over the window's queries, then the window's own columns dropped (a
         # reduction of the slice would copy it first)

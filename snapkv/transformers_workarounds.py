@@ -9,15 +9,21 @@ replaces; nothing else in ``snapkv`` touches transformers internals.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from .errors import InputError
 
 
+CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")
+
+
 def cache_argument(kwargs: dict):
     """The cache a decoder or attention forward was called with (``past_key_values``; some modules
-    name it ``cache``), or None."""
-    return kwargs.get("cache", kwargs.get("past_key_values"))
+    name it ``cache``, GPT-NeoX's attention ``layer_past``), or None."""
+    for name in CACHE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
 
 
 def report_consumed(cache, state) -> None:
@@ -33,6 +39,17 @@ def filled_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     layer = DynamicLayer()
     layer.lazy_initialization(keys, values)
     layer.keys, layer.values = keys, values
+    return layer
+
+
+def filled_sliding_layer(keys: torch.Tensor, values: torch.Tensor, window: int, seen: int) -> DynamicSlidingWindowLayer:
+    """A sliding-window layer as the model's own cache holds it after ``seen`` tokens whose last keys and values are
+    ``keys``/``values``: the last ``window - 1`` of them, copied (a view would keep a longer buffer alive)."""
+    layer = DynamicSlidingWindowLayer(sliding_window=window)
+    layer.lazy_initialization(keys, values)
+    held = min(window - 1, keys.shape[-2])
+    layer.keys, layer.values = keys[:, :, -held:].clone(), values[:, :, -held:].clone()
+    layer.cumulative_length = seen
     return layer
 
 
@@ -59,13 +76,14 @@ def kv_groups_for(layer, model_groups: int) -> int:
 
 
 def check_cache(cache) -> None:
-    """Only a DynamicCache of full-attention layers can hold per-layer lengths."""
+    """Only a DynamicCache (of full-attention layers and the model's sliding ones) can hold per-layer lengths."""
+    plain = (DynamicLayer, DynamicSlidingWindowLayer, RepeatedKVLayer)
     ok = type(cache) is DynamicCache and not getattr(cache, "offloading", False) and all(
-        type(layer) in (DynamicLayer, RepeatedKVLayer) or getattr(layer, "snapkv_layer", False)
-        for layer in cache.layers)
+        type(layer) in plain or getattr(layer, "snapkv_layer", False) for layer in cache.layers)
     if not ok:
-        raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache of full-attention "
-                         "layers, not static, offloaded, quantized or sliding (per-layer lengths cannot live there)")
+        raise InputError(f"cache={type(cache).__name__}: a compressed cache must be a DynamicCache (of full-attention "
+                         "and the model's sliding-window layers), not static, offloaded or quantized (per-layer "
+                         "lengths cannot live there)")
 
 
 def checked_generate(model, generate):

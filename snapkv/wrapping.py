@@ -108,7 +108,7 @@ class WrapperMethod(ScorerWrapper, Method):
 def narrowed(ctx, **changes):
     """``ctx`` with ``changes`` (other keys, values, hidden states...) and nothing computed for the whole layer
     carried over: no shared score, no query projection or attention weights of the module's own call."""
-    reset = {"memo": {}, "spans": {}, "reads": set(), "projected_queries": None}
+    reset = {"memo": {}, "spans": {}, "reads": set(), "kept_queries": None}
     names = {f.name for f in fields(ctx)}
     if "weights" in names:
         reset["weights"] = None

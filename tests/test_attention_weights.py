@@ -88,7 +88,7 @@ def test_a_method_not_asking_gets_no_weights_kept(monkeypatch):
     monkeypatch.setattr(snapkv.hooks, "eager_attention_weights", lambda *a, **k: pytest.fail("computed"))
     prefill(tiny("sdpa"), [snapkv.build_config("knorm", budget=None, ratio=0.5)], ids())
     session = snapkv.hooks.CompressionSession(tiny("sdpa"), snapkv.build_config("knorm", budget=None, ratio=0.5))
-    assert not session._keeps_weights and not session._keeps_projections
+    assert not session._keeps_weights and not session._keeps_queries
 
 
 def test_a_left_padded_row_keeps_what_it_keeps_alone():

@@ -1,11 +1,18 @@
-"""Each decoder-only family the compressor takes is read exactly as the model attends, or refused in one line.
+"""Every decoder-only family in ``snapkv.families`` is read exactly as the model attends, or refused in one line.
 
-A tiny random model of each family (eager attention, 3 layers, 4 query and 2 KV heads): SnapKV's kept positions
-on every layer equal the selection the official ``update_kv`` makes from the model's own attention weights
-(``output_attentions``: the window's rows summed, max-pooled, top-k per query head), up to a tie at the cut
-(``tests/parity.py``), in one chunk and with the chunked prefill (``snapkv.prefill``) in chunks of 32. A family
-whose attention the compressor cannot read exactly is refused before any prefill, with one line naming why (never
-a silently wrong selection)."""
+A tiny random model of each family (eager attention, 3 layers, 4 query and 2 KV heads, a 120-token prompt; hybrid
+models with a sliding window of 48 on their first and last layers):
+
+- SnapKV's kept positions on every compressed layer equal the selection the official ``update_kv`` makes from the
+  model's own attention weights (``output_attentions``: the window's rows summed, max-pooled, top-k per query head),
+  up to a tie at the cut (``tests/parity.py``), in one chunk and in chunks of 32 (``snapkv.prefill``); a sliding
+  layer holds what the model's own sliding cache holds, its last ``window - 1`` positions;
+- the greedy tokens ``generate`` writes on each representative method's cache equal the model's own: the whole
+  prompt prefilled by the model, then each step attending, on every layer, to the positions that layer kept (a
+  per-head mask over the full cache, the model's sliding window on a sliding layer) and every decoded token;
+- a method's RoPE statistics use the layer's own rotation (Expected Attention: ``rotation_matrices`` times the
+  queries before RoPE equals the module's queries after it);
+- a family the compressor cannot read is refused before any prefill, with one line naming why."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,83 +23,223 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 import snapkv
 from parity import compare_kept, kept_array
+from snapkv.architectures import attention_of, module_call, prerope_queries, reading, rotation_matrices
+from snapkv.families import FAMILIES
 from snapkv.prefill import PREFILL_CHUNK
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-READ_EXACTLY = {
-    "llama": ("llama", {}),
-    "mistral": ("mistral", dict(sliding_window=None)),
-    "qwen2": ("qwen2", {}),
-    "qwen3": ("qwen3", dict(head_dim=16)),                      # q/k norms per head
-    "granite": ("granite", dict(attention_multiplier=0.3)),     # its own attention scaling
-    "cohere": ("cohere", {}),                                   # interleaved RoPE (Command-R)
-    "cohere-qk-norm": ("cohere", dict(use_qk_norm=True)),       # Command-R+
-    "olmo": ("olmo", {}),
-    "starcoder2": ("starcoder2", dict(sliding_window=None)),
-    "smollm3-every-layer-rotated": ("smollm3", dict(no_rope_layer_interval=8)),
-}
-REFUSED = {
-    "smollm3": ("smollm3", dict(no_rope_layer_interval=2), "applies no RoPE"),
-    "cohere2": ("cohere2", dict(layer_types=["full_attention"] * 3, sliding_window=None), "applies no RoPE"),
-    "olmo2": ("olmo2", {}, "q_norm normalises the whole"),
-    "phi3": ("phi3", {}, "differs from the Llama family"),
-    "gpt_neox": ("gpt_neox", {}, "differs from the Llama family"),
-    "deepseek_v3": ("deepseek_v3", {}, "differs from the Llama family"),
-    "falcon": ("falcon", {}, "no decoder layers"),
-    "gemma2": ("gemma2", {}, "sliding_window"),
-}
-WINDOW, BUDGET, KERNEL = 8, 40, 5
+READ = {family.name: family for family in FAMILIES if not family.refused}
+REFUSED = {family.name: family for family in FAMILIES if family.refused}
+WINDOW, BUDGET, KERNEL, LENGTH, STEPS = 8, 40, 5, 120, 6
 
 
-def build(model_type: str, extra: dict):
-    config = AutoConfig.for_model(model_type, **{**COMMON, **extra})
+def build(family, **extra):
+    config = AutoConfig.for_model(family.model_type, **{**COMMON, **family.tiny, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():  # random init attends nearly uniformly: sharpen it so the selection means something
         for layer in getattr(model.base_model, "layers", []):
-            for name in ("q_proj", "k_proj"):
-                projection = getattr(getattr(layer, "self_attn", None), name, None)
+            for name in ("q_proj", "k_proj", "qkv_proj", "query_key_value"):
+                projection = getattr(attention_of(layer), name, None)
                 if projection is not None:
                     projection.weight.mul_(4.0)
     return model
 
 
-def selection_from_the_models_own_weights(model, ids) -> np.ndarray:
-    """``[layers, query heads, L]``: the official SnapKV selection (``update_kv``) on the model's attention weights."""
+def prompt(vocab: int = 128) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+
+
+def sliding(model, layer: int) -> int | None:
+    return reading(attention_of(model.base_model.layers[layer])).form.sliding_window
+
+
+def official_selection(model, ids, gqa: str) -> np.ndarray:
+    """``[layers, heads, L]``: the official SnapKV selection (``update_kv``) on the model's own attention weights, per
+    query head (``repeat``) or on each KV group's mean (``mean``); a sliding layer: its last ``window - 1``."""
     with torch.no_grad():
         weights = model(ids, output_attentions=True).attentions
-    length = ids.shape[1]
-    kept = np.zeros((len(weights), weights[0].shape[1], length), dtype=bool)
+    kv_heads = reading(attention_of(model.base_model.layers[0])).kv_heads
+    heads = weights[0].shape[1] if gqa == "repeat" else kv_heads
+    kept = np.zeros((len(weights), heads, LENGTH), dtype=bool)
     for layer, w in enumerate(weights):
+        window = sliding(model, layer)
+        if window is not None:
+            kept[layer, :, LENGTH - (window - 1):] = True
+            continue
         votes = w[:, :, -WINDOW:, :-WINDOW].float().sum(dim=-2)
         pooled = F.max_pool1d(votes, kernel_size=KERNEL, padding=KERNEL // 2, stride=1)
+        if gqa == "mean":
+            pooled = pooled.view(1, kv_heads, -1, pooled.shape[-1]).mean(dim=2)
         top = pooled.topk(BUDGET - WINDOW, dim=-1).indices[0]
-        kept[layer, np.arange(kept.shape[1])[:, None], top.numpy()] = True
+        kept[layer, np.arange(heads)[:, None], top.numpy()] = True
         kept[layer, :, -WINDOW:] = True
     return kept
 
 
 @pytest.mark.parametrize("chunk", [PREFILL_CHUNK, 32], ids=["one-chunk", "chunks-of-32"])
-@pytest.mark.parametrize("family", sorted(READ_EXACTLY))
-def test_a_family_is_read_as_the_model_attends(family, chunk):
-    model_type, extra = READ_EXACTLY[family]
-    model = build(model_type, extra)
-    ids = torch.randint(3, 128, (1, 120), generator=torch.Generator().manual_seed(1))
-    want = selection_from_the_models_own_weights(model, ids)
+@pytest.mark.parametrize("name", sorted(READ))
+def test_a_family_is_read_as_the_model_attends(name, chunk):
+    model = build(READ[name])
+    ids = prompt()
+    want = official_selection(model, ids, "repeat")
     cfg = snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL, pooling="maxpool", gqa="repeat")
     with torch.no_grad(), snapkv.compress(model, cfg, record_scores=True, prefill_chunk=chunk) as session:
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)
         cache = session.caches[0]
-    comparison = compare_kept(kept_array(cache, ids.shape[1]), want, snapkv.ranking_scores(cache),
-                              label=f"family {family}")
-    assert comparison.equal, comparison.describe(family)
+    per_layer = snapkv.kept_positions(cache)
+    full = []
+    for layer, per_row in enumerate(per_layer):
+        got = np.zeros((len(per_row[0]), LENGTH), dtype=bool)
+        for head, positions in enumerate(per_row[0]):
+            got[head, positions.numpy()] = True
+        if sliding(model, layer) is not None:  # KV heads: each query head reads its group's
+            assert (np.repeat(got, want.shape[1] // got.shape[0], axis=0) == want[layer]).all(), f"{name}: {layer}"
+        else:
+            full.append((layer, got))
+    if full:
+        scores = [snapkv.ranking_scores(cache)[layer] for layer, _ in full]
+        comparison = compare_kept(np.stack([got for _, got in full]), want[[layer for layer, _ in full]], scores,
+                                  label=f"family {name}")
+        assert comparison.equal, comparison.describe(name)
 
 
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_a_family_read_otherwise_is_refused_in_one_line(family):
-    model_type, extra, why = REFUSED[family]
-    model = build(model_type, extra)
-    with pytest.raises(ValueError, match=f"^model_type='{model_type}'.*{why}") as refused:
+def tokens_attending_to(model, ids, kept: list, steps: int) -> list[int]:
+    """Greedy tokens of the model over its own whole-prompt cache, each step's attention on layer ``i`` limited to
+    the prompt positions ``kept[i][0][head]`` and every decoded token (a sliding layer: the model's window)."""
+    heads = model.config.num_attention_heads
+    cache = DynamicCache()  # every layer whole: the masks below say what each layer sees
+    with torch.no_grad():
+        token = model(ids, cache=cache, use_cache=True).logits[:, -1].argmax(-1)
+    tokens, layers = [int(token)], model.base_model.layers
+
+    def limiting(idx):
+        def hook(module, args, kwargs):
+            total = cache.layers[idx].keys.shape[-2] + 1
+            position = total - 1
+            keys_at = torch.arange(total)
+            window = sliding(model, idx)
+            if window is not None:
+                visible = (keys_at > position - window).expand(heads, total).clone()
+            else:
+                per_head = kept[idx][0]
+                visible = torch.zeros(len(per_head), total, dtype=torch.bool)
+                for head, positions in enumerate(per_head):
+                    visible[head, positions] = True
+                visible[:, LENGTH:] = True
+                visible = visible.repeat_interleave(heads // len(per_head), dim=0)
+            mask = torch.zeros(1, heads, 1, total).masked_fill(~visible[None, :, None], torch.finfo(torch.float32).min)
+            kwargs["attention_mask"] = mask
+            return args, kwargs
+        return hook
+    handles = [attention_of(layer).register_forward_pre_hook(limiting(idx), with_kwargs=True)
+               for idx, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for step in range(steps - 1):
+                position = torch.tensor([[LENGTH + step]])
+                out = model(token[:, None], cache=cache, position_ids=position, use_cache=True)
+                token = out.logits[:, -1].argmax(-1)
+                tokens.append(int(token))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return tokens
+
+
+REPRESENTATIVE = {
+    "snapkv": lambda: snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL),
+    "adakv": lambda: snapkv.build_config("adakv", budget=None, ratio=0.5),
+    "expected_attention": lambda: snapkv.build_config("expected_attention", budget=None, ratio=0.5),
+    "streamingllm": lambda: snapkv.build_config("streamingllm", budget=BUDGET),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
+    """SnapKV, AdaKV (each head its own count), Expected Attention (its RoPE statistics) and StreamingLLM."""
+    model = build(READ[name])
+    ids = prompt()
+    settings = {method: make() for method, make in REPRESENTATIVE.items()}
+    for method, cfg in settings.items():
+        if method == "expected_attention" and name == "stablelm":  # RoPE on a slice the module cuts itself
+            with pytest.raises(snapkv.InputError, match="^model_type='stablelm': its attention rotates a slice"):
+                with torch.no_grad(), snapkv.compress(model, cfg):
+                    model(ids)
+            continue
+        with torch.no_grad(), snapkv.compress(model, cfg) as session:
+            out = model.generate(ids, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
+            kept = snapkv.kept_positions(session.caches[0])
+        assert out[0, LENGTH:].tolist() == tokens_attending_to(model, ids, kept, STEPS), f"{name}: {method}"
+    want = official_selection(model, ids, "mean")
+    with torch.no_grad(), snapkv.compress(model, settings["snapkv"]) as session:
+        model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        got = kept_array(session.caches[0], LENGTH)
+    assert (got == want).mean() > 0.98, name  # the per-KV-head vote too (ties aside)
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_expected_attentions_rotation_is_the_layers_own(name):
+    """``rotation_matrices`` (the basis of Expected Attention's averaged RoPE) times the queries before RoPE equals the
+    module's own queries after it, on every layer: partial, interleaved, absent RoPE included."""
+    model = build(READ[name])
+    seen = {}
+
+    def keep(module, args, kwargs):
+        seen[module.layer_idx] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
+                                  kwargs["position_embeddings"])
+    handles = [attention_of(layer).register_forward_pre_hook(keep, with_kwargs=True)
+               for layer in model.base_model.layers]
+    with torch.no_grad():
+        model(prompt()[:, :16])
+    for handle in handles:
+        handle.remove()
+    for idx, layer in enumerate(model.base_model.layers):
+        attn = attention_of(layer)
+        hidden, (cos, sin) = seen[idx]
+        if reading(attn).rope_width != reading(attn).head_dim:  # refused where used (the tokens test)
+            continue
+        with torch.no_grad():
+            own = module_call(attn, hidden, (cos, sin)).query                 # [1, H, n, d]
+            before = prerope_queries(attn, hidden)
+            rotations = rotation_matrices(attn, cos[0], sin[0])               # [n, d, d]
+        ours = torch.einsum("nij,bhnj->bhni", rotations, before)
+        torch.testing.assert_close(ours, own, rtol=1e-5, atol=1e-5, msg=f"{name} layer {idx}")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in READ if READ[n].sliding))
+def test_sliding_layers_can_be_compressed_within_their_window(name):
+    """``compress_sliding=True``: a sliding layer keeps SnapKV's budget out of its window's positions only."""
+    model = build(READ[name])
+    cfg = snapkv.SnapKV(budget=24, window=WINDOW, kernel=KERNEL)
+    with torch.no_grad(), snapkv.compress(model, cfg, compress_sliding=True) as session:
+        model(prompt(), cache=DynamicCache(config=model.config), use_cache=True)
+        kept = snapkv.kept_positions(session.caches[0])
+    for idx, per_row in enumerate(kept):
+        window = sliding(model, idx)
+        for positions in per_row[0]:
+            assert len(positions) == 24
+            if window is not None:
+                assert int(positions.min()) > LENGTH - window
+
+
+def test_kvzip_and_rerotated_keys_are_refused_where_they_cannot_follow():
+    gemma2 = build(READ["gemma2"])
+    with pytest.raises(snapkv.InputError, match="^kvzip: .*sliding-window layers") as refused:
+        snapkv.compress(gemma2, snapkv.build_config("kvzip", budget=None, ratio=0.5)).__enter__()
+    assert "\n" not in str(refused.value)
+    for name in ("cohere", "phi3-partial-rotary", "gpt_neox"):
+        model = build(READ[name])
+        with pytest.raises(snapkv.InputError, match="^finch: re-rotated keys assume Llama's RoPE"):
+            snapkv.compress(model, snapkv.build_config("finch", budget=None, ratio=0.5),
+                            question_tokens=8).__enter__()
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_family_read_otherwise_is_refused_in_one_line(name):
+    family = REFUSED[name]
+    model = build(family)
+    with pytest.raises(ValueError, match=f"^model_type='{family.model_type}'.*{family.refused}") as refused:
         snapkv.compress(model, snapkv.SnapKV(budget=BUDGET, window=WINDOW)).__enter__()
     assert "\n" not in str(refused.value)

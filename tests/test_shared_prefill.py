@@ -102,12 +102,13 @@ def test_scores_that_settings_share_are_computed_once(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen3"])
-def test_h2o_reads_the_query_projection_the_module_made(monkeypatch, arch):
-    """Every prompt query's projection is the module's own q_proj output (one call a layer, not two),
+def test_h2o_reads_the_queries_the_module_attended_with(monkeypatch, arch):
+    """Every prompt query is the one the module handed its attention (one q_proj call a layer, not two),
     and the caches are the ones a projection made again gives, bit for bit."""
     model = tiny_model(arch)
     ids = torch.randint(0, 128, (1, 150), generator=torch.Generator().manual_seed(5))
     settings = [snapkv.H2O(budget=48, window=8), snapkv.SnapKV(budget=48, window=8, kernel=5)]
+    snapkv.architectures.check_supported(model)  # each module's one-row probe (reading), once per model
 
     def prefill():
         calls = []

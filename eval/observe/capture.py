@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from snapkv.architectures import check_supported, decoder_layers, queries_at
+from snapkv.architectures import attention_of, check_supported, decoder_layers, queries_at
 from snapkv.transformers_workarounds import cache_argument
 from snapkv.select import scale_scores
 
@@ -103,7 +103,7 @@ def _run_with_hook(model, ids: torch.Tensor, on_layer) -> None:
             on_layer(module, hidden, kwargs["position_embeddings"], layer.keys)
 
     for layer in decoder_layers(model):
-        handles.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
+        handles.append(attention_of(layer).register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.inference_mode():
             model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..architectures import prerope_queries
+from ..architectures import prerope_keys, prerope_queries, rotated
 from ..errors import check_int, check_number
 from ..memory import votes_bytes
 from ..prompt_scores import WholePromptMethod, by_real_rows
@@ -39,14 +39,6 @@ from ..registry import register
 from ..wrapping import rounding_spread
 
 FALLBACK_BLENDING = 0.35  # kvpress's, where it has no compression ratio
-
-
-def prerope_keys(attn, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Key states ``[b, kv_heads, n, d]`` of ``hidden_states`` before RoPE (after Qwen3's per-head norm):
-    ``k_proj`` of exactly these rows, as kvpress's ``get_prerope_key_states`` computes them."""
-    b, n, _ = hidden_states.shape
-    k = attn.k_proj(hidden_states).view(b, n, -1, attn.head_dim).transpose(1, 2)
-    return attn.k_norm(k) if hasattr(attn, "k_norm") else k
 
 
 def zscored(scores: torch.Tensor) -> torch.Tensor:
@@ -95,13 +87,6 @@ def non_causal_chunked_attention(q: torch.Tensor, k: torch.Tensor, chunk: int) -
     dots[:, :, -1].masked_fill_(invalid.unsqueeze(-2), -1e-9)
     attention = torch.softmax(dots.to(torch.float32), dim=-1)
     return attention.sum(dim=-2).view(b, h, padded_length)[..., :n]
-
-
-def rotated(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE of ``q`` ``[b, H, n, d]`` at ``cos``/``sin`` ``[b, n, d]`` (``q cos + rotate_half(q) sin``)."""
-    half = q.shape[-1] // 2
-    rotate_half = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
-    return (q * cos.unsqueeze(1)) + (rotate_half * sin.unsqueeze(1))
 
 
 @register
@@ -178,7 +163,7 @@ class Compactor(WholePromptMethod):
                              dtype=pre_keys.dtype) * (1 / math.sqrt(self.sketch_dimension))
         leverage = leverage_scores(pre_keys, sketch)
 
-        queries = rotated(prerope_queries(attn, hidden), cos, sin)
+        queries = rotated(attn, prerope_queries(attn, hidden), cos, sin)
         n_kv = values.shape[1]
         attention = non_causal_chunked_attention(
             queries, keys.repeat_interleave(queries.shape[1] // n_kv, dim=1), self.chunk_size)

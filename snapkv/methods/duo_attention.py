@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..architectures import rope_function
+from ..architectures import attention_of, layer_rotary, module_call, rotated
 from ..errors import InputError, check_bool, check_choice, check_int, check_number
 from ..method import GQA_MODES, Method
 from ..registry import register
@@ -155,19 +155,16 @@ def on_the_fly_scores(replay, texts: list[str]) -> np.ndarray:
             hidden_states = list(model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[:-1])
             for layer_idx, h in enumerate(hidden_states):
                 module = layers[layer_idx]
-                attn = module.self_attn
+                attn = attention_of(module)
                 d = attn.head_dim
                 h = module.input_layernorm(h)
-                q = attn.q_proj(h).view(1, h.shape[1], -1, d)
-                if hasattr(attn, "q_norm"):  # Qwen3, Gemma3: kvpress normalises their queries and keys per head
-                    q = attn.q_norm(q)
+                # the module's own queries and keys before RoPE (its norms included), positions first
+                pre = module_call(attn, h)
+                q, k = pre.query.transpose(1, 2), pre.key.transpose(1, 2)
                 q = q.mean(dim=1, keepdim=True).repeat(1, QUERY_LENGTH, 1, 1).transpose(1, 2)
-                k = attn.k_proj(h).view(1, h.shape[1], -1, d)
-                if hasattr(attn, "k_norm"):
-                    k = attn.k_norm(k)
                 k = k.mean(dim=1, keepdim=True).repeat(1, QUERY_LENGTH, 1, 1).transpose(1, 2)
-                cos, sin = rotary(h, position_ids.to(h.device))
-                q, k = rope_function(attn)(q, k, cos, sin)
+                cos, sin = layer_rotary(rotary, attn, h, position_ids.to(h.device))
+                q, k = rotated(attn, q, cos, sin), rotated(attn, k, cos, sin)
                 k = k.repeat_interleave(groups, dim=1)
                 weights = torch.matmul(q[:, :, -1:, :], k.transpose(2, 3)) / (d ** 0.5)
                 weights = weights.softmax(dim=-1, dtype=torch.float32).reshape(-1, QUERY_LENGTH)

@@ -16,23 +16,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..architectures import prerope_queries
+from ..architectures import layer_rotary, prerope_queries, rotation_matrices
 from ..errors import InputError, check_bool, check_int, check_number
 from ..registry import register
 from ..prompt_scores import WholePromptMethod, always_kept, by_real_rows
 
 
-def averaged_rope(rotary, like: torch.Tensor, start: int, count: int, head_dim: int) -> torch.Tensor:
-    """The RoPE rotation ``R`` averaged over positions ``[start, start + count)`` ``[d, d]``."""
+def averaged_rope(attn, rotary, like: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """``[d, d]``: the layer's RoPE rotation ``R`` averaged over positions ``[start, start + count)``, as the module
+    rotates (``snapkv.architectures.rotation_matrices``: partial, interleaved, none on a layer without RoPE)."""
     positions = torch.arange(start, start + count, device=like.device)[None]
-    cos, sin = rotary(like, positions)
-    cos, sin = cos[0], sin[0]
-    half = head_dim // 2
-    identity = torch.eye(head_dim, device=cos.device, dtype=cos.dtype)
-    swap = torch.zeros(head_dim, head_dim, device=cos.device, dtype=cos.dtype)
-    swap[half:, :half], swap[:half, half:] = torch.eye(half), -torch.eye(half)
-    rotations = cos.unsqueeze(1) * identity + sin.unsqueeze(1) * swap
-    return rotations.mean(dim=0)
+    cos, sin = layer_rotary(rotary, attn, like, positions)
+    return rotation_matrices(attn, cos[0], sin[0]).contiguous().mean(dim=0)
 
 
 @register
@@ -81,7 +76,7 @@ class ExpectedAttention(WholePromptMethod):
             centered = queries - mean
             covariance = torch.einsum("bnsi,bnsj->bnij", centered, centered) / queries.shape[2]
         mean = mean.squeeze(2)
-        rotation = averaged_rope(ctx.rotary, mean, hidden.shape[1], self.n_future_positions, attn.head_dim)
+        rotation = averaged_rope(attn, ctx.rotary, mean, hidden.shape[1], self.n_future_positions)
         mean = torch.matmul(mean, rotation.T)
         if covariance is not None:
             covariance = torch.matmul(rotation, torch.matmul(covariance, rotation.T))

@@ -16,7 +16,7 @@ at position ``n_kept``, as kvpress's pipeline continues at ``cache.get_seq_lengt
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -26,7 +26,7 @@ from ..errors import InputError, check_bool, check_choice, check_int
 from ..memory import window_scores_bytes
 from ..prompt_scores import WholePromptMethod
 from ..registry import register
-from ..select import scale_scores
+from ..select import attention_softmax, model_logits, outside_window
 
 # the question length the memory planner assumes (the window's scores are computed a few KV heads at a time)
 PLANNED_QUESTION_TOKENS = 256
@@ -115,18 +115,26 @@ class Finch(WholePromptMethod):
         queries = ctx.queries(window)  # [b, H, window, d], post-RoPE
         n_heads = queries.shape[1]
         group = n_heads // n_kv
-        # kvpress divides by sqrt(head_dim); a module scaling otherwise is the module's
-        scaling = None if ctx.scaling is None or ctx.scaling == d ** -0.5 else ctx.scaling
+        # kvpress divides by sqrt(head_dim); a module scaling otherwise is the module's (and its soft-capping,
+        # sinks and sliding window: ``ctx.form``)
+        form = ctx.form
+        if form.scaling is not None and form.scaling == d ** -0.5:
+            form = replace(form, scaling=None)
+        sinks = None if form.sinks is None else form.sinks.view(1, n_heads, 1, 1)
         mask = torch.triu(torch.full((window, k_len), float("-inf"), dtype=queries.dtype, device=queries.device),
                           diagonal=k_len - window + 1)
+        positions = torch.arange(k_len, device=queries.device)
+        older = outside_window(positions[-window:], positions, form.sliding_window)
+        if older is not None:
+            mask = mask.masked_fill(older, float("-inf"))
         counts = torch.arange(k_len - window, k_len, device=queries.device)[None, None, :, None]
         per_head = []
         step = max(1, (256 * 2**20) // max(b * group * window * k_len * 4, 1))  # KV heads at a time
         for start in range(0, n_kv, step):
             heads = slice(start * group, min(n_kv, start + step) * group)
             repeated = keys[:, start:start + step, None].expand(-1, -1, group, -1, -1).reshape(b, -1, k_len, d)
-            weights = scale_scores(torch.matmul(queries[:, heads], repeated.transpose(2, 3)), d, scaling)
-            weights = torch.softmax(weights + mask, dim=-1, dtype=torch.float32).to(queries.dtype)
+            weights = model_logits(torch.matmul(queries[:, heads], repeated.transpose(2, 3)), d, form)
+            weights = attention_softmax(weights + mask, None if sinks is None else sinks[:, heads]).to(queries.dtype)
             weights = weights[..., :-window]
             if self.normalize_scores:
                 weights = weights * counts

@@ -23,7 +23,7 @@ import torch
 from ..errors import check_choice
 from ..method import Method
 from ..registry import register
-from ..select import aggregate_heads, scale_scores
+from ..select import aggregate_heads, as_form, attention_softmax, model_logits, outside_window
 
 # Query rows per chunk, by device. On a CPU a chunk's scores and probabilities (a KV head's query
 # heads x 128 rows x L) stay in cache between the matmul, the softmax and the column sum: SmolLM2 at
@@ -55,10 +55,12 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
     b, n_heads, length, d = queries.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv
-    scale = scaling if scaling is not None else 1 / math.sqrt(d)
+    form = as_form(scaling)
+    scale = form.scaling if form.scaling is not None else 1 / math.sqrt(d)
     # A power of two (1/8 for head_dim 64) scales every product and partial sum exactly, so the
     # queries are scaled before the matmul instead of the chunk's scores after it: the same bits.
-    fold = math.frexp(scale)[0] == 0.5
+    fold = math.frexp(scale)[0] == 0.5 and form.softcap is None
+    sinks = None if form.sinks is None else form.sinks.view(n_kv, group, 1, 1)
     total = torch.zeros(b, n_kv, group, length, dtype=torch.float32, device=queries.device)
     chunk = query_chunk(queries.device)
     size = b * group * min(chunk, length) * length
@@ -72,6 +74,7 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
         end = min(start + chunk, length)
         rows = end - start
         diagonal = key_pos[None, start:end] > key_pos[start:end, None]
+        older = outside_window(key_pos[start:end], key_pos[:end], form.sliding_window)
         for head in range(n_kv):
             q = queries[:, head * group:(head + 1) * group, start:end].reshape(b, group * rows, d)
             if fold:
@@ -80,12 +83,17 @@ def accumulated_attention(queries: torch.Tensor, keys: torch.Tensor, pad_mask: t
             torch.matmul(q, keys[:, head, :end].transpose(-1, -2), out=scores)
             scores = scores.view(b, group, rows, end)
             if not fold:
-                scale_scores(scores, d, scaling, inplace=True)
+                model_logits(scores, d, form)
             scores[..., start:].masked_fill_(diagonal, lowest)
+            if older is not None:
+                scores.masked_fill_(older, lowest)
             if pad_mask is not None:
                 scores.masked_fill_(~pad_mask[:, None, None, :end], lowest)
             probs = probs_buffer[:b * group * rows * end].view(b, group, rows, end)
-            torch.softmax(scores, dim=-1, dtype=torch.float32, out=probs)
+            if sinks is None:
+                torch.softmax(scores, dim=-1, dtype=torch.float32, out=probs)
+            else:
+                probs.copy_(attention_softmax(scores, sinks[head]))
             if queries.dtype != torch.float32:  # the official cast back to the model dtype
                 probs = scores.copy_(probs)
             if pad_mask is not None:
