@@ -23,8 +23,10 @@ class Family:
 
     @property
     def sliding(self) -> bool:
-        return bool(self.tiny.get("sliding_window")) and (
-            "layer_types" in self.tiny or self.tiny.get("use_sliding_window", True))
+        """Whether the tiny model has sliding-window layers."""
+        if "layer_types" in self.tiny:
+            return "sliding_attention" in self.tiny["layer_types"]
+        return bool(self.tiny.get("sliding_window"))
 
 
 WINDOW = 48  # the tiny hybrid models' sliding window (prompts of 120 tokens)
@@ -52,7 +54,7 @@ FAMILIES = (
            dict(sliding_window=WINDOW, layer_types=list(HYBRID))),
     Family("cohere2-global", "cohere2", "CohereForAI/c4ai-command-r7b-12-2024",
            "its full-attention layers alone: no RoPE on any layer",
-           dict(sliding_window=None, layer_types=["full_attention"] * 3)),
+           dict(sliding_window=4096, layer_types=["full_attention"] * 3)),
     Family("olmo", "olmo", "allenai/OLMo-7B-0724-hf", "non-parametric LayerNorm"),
     Family("olmo2", "olmo2", "allenai/OLMo-2-1124-7B-Instruct", "q/k RMSNorm over the whole projection (H x d)"),
     Family("phi3", "phi3", "microsoft/Phi-3-mini-128k-instruct", "fused qkv_proj"),
