@@ -12,7 +12,7 @@ import snapkv
 ROOT = Path(__file__).resolve().parent.parent
 # table name -> the file it stands in
 FILES = {"methods": ROOT / "docs" / "methods.md", "library": ROOT / "docs" / "library.md",
-         "leaderboard": ROOT / "docs" / "leaderboard.md"}
+         "leaderboard": ROOT / "docs" / "leaderboard.md", "families": ROOT / "docs" / "library.md"}
 EQUAL = "kept positions and tokens equal (tested)"
 
 
@@ -64,7 +64,21 @@ def leaderboard_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"methods": methods_table, "library": library_table, "leaderboard": leaderboard_table}
+def families_table() -> str:
+    """One line a model family (``snapkv.families``): what the compressor reads that Llama does not have, and how it
+    stands (read exactly, pinned by tests/test_families.py, or refused in one line and why)."""
+    from snapkv.families import FAMILIES
+    rows = ["| family (`model_type`) | e.g. | what it needed | status |", "|---|---|---|---|"]
+    for family in FAMILIES:
+        status = f"refused: {family.refused}" if family.refused else (
+            "exact: kept positions, greedy tokens, rotation (tested)" + (f"; {family.limits}" if family.limits else ""))
+        rows.append(f"| {family.name} (`{family.model_type}`) | `{family.example}` | {_cell(family.differs)} | "
+                    f"{status} |")
+    return "\n".join(rows)
+
+
+TABLES = {"methods": methods_table, "library": library_table, "leaderboard": leaderboard_table,
+          "families": families_table}
 
 
 def _block(name: str) -> re.Pattern:

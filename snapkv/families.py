@@ -20,6 +20,7 @@ class Family:
     differs: str              # what the compressor reads that Llama does not have
     tiny: dict = field(default_factory=dict)  # the test's configuration beyond the common one
     refused: str = ""         # why it is refused (the one-line error contains this), "" when read exactly
+    limits: str = ""          # what is refused on it although it is read exactly (tested)
 
     @property
     def sliding(self) -> bool:
@@ -30,6 +31,8 @@ class Family:
 
 
 WINDOW = 48  # the tiny hybrid models' sliding window (prompts of 120 tokens)
+SLIDING_LIMITS = "re-rotated keys (FINCH) and KVzip refused: sliding layers hold their window only"
+ROPE_LIMITS = "re-rotated keys (FINCH) refused: its RoPE is not Llama's over every channel"
 
 FAMILIES = (
     Family("llama", "llama", "meta-llama/Llama-3.1-8B-Instruct", "the reference layout (RoPE by rotate_half, GQA)"),
@@ -37,7 +40,7 @@ FAMILIES = (
            dict(sliding_window=None)),
     Family("mistral-sliding", "mistral", "mistralai/Mistral-7B-v0.1",
            "every layer slides (4,096): held as the model's sliding cache holds it, nothing compressed by default",
-           dict(sliding_window=WINDOW)),
+           dict(sliding_window=WINDOW), limits=SLIDING_LIMITS),
     Family("mixtral", "mixtral", "mistralai/Mixtral-8x7B-Instruct-v0.1", "MoE MLP (attention as Mistral)",
            dict(sliding_window=None, num_local_experts=4, num_experts_per_tok=2)),
     Family("qwen2", "qwen2", "Qwen/Qwen2.5-7B-Instruct", "q/k/v biases"),
@@ -46,12 +49,13 @@ FAMILIES = (
            dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
     Family("granite", "granite", "ibm-granite/granite-3.3-8b-instruct", "its attention multiplier as the scaling",
            dict(attention_multiplier=0.3)),
-    Family("cohere", "cohere", "CohereForAI/c4ai-command-r-v01", "interleaved RoPE (Command-R, the paper's model)"),
+    Family("cohere", "cohere", "CohereForAI/c4ai-command-r-v01", "interleaved RoPE (Command-R, the paper's model)",
+           limits=ROPE_LIMITS),
     Family("cohere-qk-norm", "cohere", "CohereForAI/c4ai-command-r-plus", "interleaved RoPE, q/k LayerNorm per head",
-           dict(use_qk_norm=True)),
+           dict(use_qk_norm=True), limits=ROPE_LIMITS),
     Family("cohere2", "cohere2", "CohereForAI/c4ai-command-r7b-12-2024",
            "sliding layers with RoPE, full-attention layers without RoPE",
-           dict(sliding_window=WINDOW, layer_types=list(HYBRID))),
+           dict(sliding_window=WINDOW, layer_types=list(HYBRID)), limits=SLIDING_LIMITS),
     Family("cohere2-global", "cohere2", "CohereForAI/c4ai-command-r7b-12-2024",
            "its full-attention layers alone: no RoPE on any layer",
            dict(sliding_window=4096, layer_types=["full_attention"] * 3)),
@@ -59,7 +63,7 @@ FAMILIES = (
     Family("olmo2", "olmo2", "allenai/OLMo-2-1124-7B-Instruct", "q/k RMSNorm over the whole projection (H x d)"),
     Family("phi3", "phi3", "microsoft/Phi-3-mini-128k-instruct", "fused qkv_proj"),
     Family("phi3-partial-rotary", "phi3", "microsoft/Phi-4-mini-instruct", "fused qkv_proj, RoPE on 3/4 of each head",
-           dict(partial_rotary_factor=0.75)),
+           dict(partial_rotary_factor=0.75), limits=ROPE_LIMITS),
     Family("starcoder2", "starcoder2", "bigcode/starcoder2-7b", "biases, LayerNorm", dict(sliding_window=None)),
     Family("smollm3", "smollm3", "HuggingFaceTB/SmolLM3-3B", "no RoPE on every 4th layer (here every 2nd)",
            dict(no_rope_layer_interval=2)),
@@ -67,20 +71,26 @@ FAMILIES = (
            dict(head_dim=16, query_pre_attn_scalar=24)),
     Family("gemma2", "gemma2", "google/gemma-2-9b-it",
            "tanh soft-capping of the attention logits, alternating sliding layers, query_pre_attn_scalar",
-           dict(head_dim=16, sliding_window=WINDOW, layer_types=list(HYBRID), query_pre_attn_scalar=24)),
+           dict(head_dim=16, sliding_window=WINDOW, layer_types=list(HYBRID), query_pre_attn_scalar=24),
+           limits=SLIDING_LIMITS),
     Family("gemma3", "gemma3_text", "google/gemma-3-12b-it",
            "q/k RMSNorm per head, sliding layers (5 of 6) with their own RoPE base, query_pre_attn_scalar",
-           dict(head_dim=16, sliding_window=WINDOW, layer_types=list(HYBRID), query_pre_attn_scalar=24)),
+           dict(head_dim=16, sliding_window=WINDOW, layer_types=list(HYBRID), query_pre_attn_scalar=24),
+           limits=SLIDING_LIMITS),
     Family("gpt_oss", "gpt_oss", "openai/gpt-oss-20b",
            "attention sinks in the softmax, alternating sliding layers, MoE",
            dict(head_dim=16, sliding_window=WINDOW, layer_types=list(HYBRID), num_local_experts=4,
-                num_experts_per_tok=2)),
+                num_experts_per_tok=2), limits=SLIDING_LIMITS),
     Family("glm", "glm", "THUDM/glm-4-9b-chat-hf", "partial rotary (half of each head, interleaved)",
-           dict(head_dim=16)),
-    Family("helium", "helium", "kyutai/helium-1-preview-2b", "none (Llama's layout)", dict(head_dim=16)),
-    Family("stablelm", "stablelm", "stabilityai/stablelm-2-1_6b", "partial rotary, LayerNorm"),
+           dict(head_dim=16), limits=ROPE_LIMITS),
+    Family("helium", "helium", "kyutai/helium-1-preview-2b", "interleaved RoPE", dict(head_dim=16),
+           limits=ROPE_LIMITS),
+    Family("stablelm", "stablelm", "stabilityai/stablelm-2-1_6b", "partial rotary on a slice it cuts itself, LayerNorm",
+           limits=ROPE_LIMITS + "; a method applying RoPE itself (Expected Attention, Compactor, DuoAttention) "
+           "refused"),
     Family("gpt_neox", "gpt_neox", "EleutherAI/pythia-6.9b",
-           "fused query_key_value, partial rotary, its attention module named `attention`, its cache `layer_past`"),
+           "fused query_key_value, partial rotary, its attention module named `attention`, its cache `layer_past`",
+           limits=ROPE_LIMITS),
     Family("deepseek_v3", "deepseek_v3", "deepseek-ai/DeepSeek-V3", "multi-head latent attention (MLA)",
            dict(num_key_value_heads=4), refused="multi-head latent attention"),
     Family("falcon", "falcon", "tiiuae/falcon-7b-instruct", "decoder layers at transformer.h",

@@ -239,11 +239,13 @@ class CompressionSession:
         self._rotary = getattr(self.decoder, "rotary_emb", None)
         slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
         for one in cfgs:
+            if one.compresses and (one.rerotates_keys or one.scores_after_prefill) and slides:
+                what = ("re-rotated keys need every layer cut to the same tokens" if one.rerotates_keys else
+                        "its replay scores every layer's whole prompt after the prefill")
+                raise InputError(f"{one.method}: {what}, which the sliding-window layers of "
+                                 f"model_type={model.config.model_type!r} do not hold")
             if one.compresses and one.rerotates_keys:
                 check_rerotation(one, self.layers, self._rotary)
-            if one.compresses and one.scores_after_prefill and slides:
-                raise InputError(f"{one.method}: its replay scores every layer's whole prompt after the prefill, which "
-                                 f"the sliding-window layers of model_type={model.config.model_type!r} do not hold")
         self.state: CacheState | None = None  # of the latest prefill (cache_lengths)
         self.caches: list = []                # of the latest prefill, one per setting
         self.compression = Ledger()           # of the latest prefill: every setting's compression, shared work once

@@ -224,16 +224,26 @@ def test_sliding_layers_can_be_compressed_within_their_window(name):
                 assert int(positions.min()) > LENGTH - window
 
 
-def test_kvzip_and_rerotated_keys_are_refused_where_they_cannot_follow():
-    gemma2 = build(READ["gemma2"])
-    with pytest.raises(snapkv.InputError, match="^kvzip: .*sliding-window layers") as refused:
-        snapkv.compress(gemma2, snapkv.build_config("kvzip", budget=None, ratio=0.5)).__enter__()
-    assert "\n" not in str(refused.value)
-    for name in ("cohere", "phi3-partial-rotary", "gpt_neox"):
-        model = build(READ[name])
-        with pytest.raises(snapkv.InputError, match="^finch: re-rotated keys assume Llama's RoPE"):
-            snapkv.compress(model, snapkv.build_config("finch", budget=None, ratio=0.5),
-                            question_tokens=8).__enter__()
+@pytest.mark.parametrize("name", sorted(READ))
+def test_what_a_family_refuses_is_what_its_record_says(name):
+    """``Family.limits`` (the docs' table): re-rotated keys, a method applying RoPE itself and KVzip are refused in
+    one line where the record says so, and run elsewhere."""
+    family, model, ids = READ[name], build(READ[name]), prompt()
+    finch = snapkv.build_config("finch", budget=None, ratio=0.5)
+    expected = snapkv.build_config("expected_attention", budget=None, ratio=0.5)
+    kvzip = snapkv.build_config("kvzip", budget=None, ratio=0.5)
+    for cfg, refused, match in ((finch, "re-rotated keys" in family.limits, "^finch: re-rotated keys"),
+                                (expected, "applying RoPE itself" in family.limits, "^model_type=.*rotates a slice"),
+                                (kvzip, "KVzip" in family.limits, "^kvzip: its replay")):
+        if refused:
+            with pytest.raises(snapkv.InputError, match=match) as error:
+                with torch.no_grad(), snapkv.compress(model, cfg, question_tokens=8):
+                    model(ids)
+            assert "\n" not in str(error.value)
+        elif cfg is not kvzip:  # (KVzip's replay needs a tokenizer: tests/test_kvzip.py)
+            with torch.no_grad(), snapkv.compress(model, cfg, question_tokens=8) as session:
+                model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+            assert session.cache_lengths
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
