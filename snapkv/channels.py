@@ -33,6 +33,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from .architectures import AttentionForm
+from .select import attention_softmax, model_logits
+
 
 def _take(states: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
     """``states`` ``[rows, heads, n, d]`` restricted to ``channels`` ``[rows, heads, c]`` of each head."""
@@ -78,9 +81,10 @@ class KeyChannelLayer(DynamicLayer):
         self.values = torch.cat([self.values, value_states], dim=-2)
         return self.keys, self.values
 
-    def attend(self, query: torch.Tensor, scale: float, visible: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, form: AttentionForm, visible: torch.Tensor | None = None) -> torch.Tensor:
         """``[rows, heads, q, d]``: attention of ``query`` (the pass's ``q`` tokens, the layer's last) over every
-        token the layer holds; ``visible`` ``[rows, T]``: which slots are real (kept padding), None: all."""
+        token the layer holds, as the layer's ``form`` makes logits (scaling, soft-capping) and takes the softmax
+        (sinks); ``visible`` ``[rows, T]``: which slots are real (kept padding), None: all."""
         rows, heads, q, d = query.shape
         kv_heads = self.channels.shape[1]
         groups = heads // kv_heads
@@ -89,7 +93,7 @@ class KeyChannelLayer(DynamicLayer):
         scores = torch.matmul(_take(grouped, self.channels), self.keys.transpose(-1, -2))
         if appended:  # a key appended after the prompt: its other channels too
             scores[..., total - appended:] += torch.matmul(_take(grouped, self.dropped), self.extra.transpose(-1, -2))
-        scores = (scores * scale).view(rows, kv_heads, groups, q, total)
+        scores = model_logits(scores, d, form).view(rows, kv_heads, groups, q, total)
         lowest = torch.finfo(scores.dtype).min
         if q > 1:  # query i sits at slot total - q + i: it sees the slots up to itself
             later = torch.arange(total, device=query.device)[None, :] > \
@@ -97,8 +101,9 @@ class KeyChannelLayer(DynamicLayer):
             scores = scores.masked_fill(later, lowest)
         if visible is not None:
             scores = scores.masked_fill(~visible[:, None, None, None, -total:], lowest)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(probs.view(rows, kv_heads, groups * q, total), self.values)
+        sinks = None if form.sinks is None else form.sinks.view(1, kv_heads, groups, 1, 1)
+        probs = attention_softmax(scores, sinks).to(query.dtype)
+        out = torch.matmul(probs.reshape(rows, kv_heads, groups * q, total), self.values)
         return out.view(rows, heads, q, self.values.shape[-1])
 
     def stored_bytes(self) -> int:

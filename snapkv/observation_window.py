@@ -16,7 +16,7 @@ def window_votes(ctx, window: int):
     (``[b, H, L - window]`` each; the official SnapKV sums, kvpress averages), computed once per layer
     and prefill for every setting with this window (budgets, kernels, poolings, TOVA, AdaKV's scorer)."""
     return ctx.shared(("window_attention", window), lambda: window_attention(
-        ctx.queries(window), ctx.keys, window, ctx.pad_mask, ctx.scaling, reduce="both"))
+        ctx.queries(window), ctx.keys, window, ctx.pad_mask, ctx.form, reduce="both"))
 
 
 @dataclass

@@ -34,6 +34,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from .architectures import AttentionForm
+from .select import attention_softmax, model_logits
+
 HEADWISE_ATTENTION = "snapkv_headwise"
 FIRST_ROOM = 16  # tokens of room each head gets at the first appended token
 
@@ -207,17 +210,19 @@ def headwise_attention(module, query, key, value, attention_mask, snapkv_layer: 
     every layer with ``attends_itself`` here). A ``RaggedLayer`` (``key``/``value`` are its buffers): each query
     head over its KV head's segment, the pass's own ``q`` tokens (its last) causal among themselves;
     ``snapkv_kernel``: the model's attention ("eager": its arithmetic; else sdpa). Another layout attends as it
-    stores (``layer.attend(query, scale, visible)``: ``snapkv.channels``; ``snapkv_visible``: the real slots of
+    stores (``layer.attend(query, form, visible)``: ``snapkv.channels``; ``snapkv_visible``: the real slots of
     a left-padded batch's kept padding). Returns ``([rows, q, heads, d], None)`` as transformers' attention
     functions do."""
     layer = snapkv_layer
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    sinks = kwargs.get("s_aux")
+    form = AttentionForm(scale, kwargs.get("softcap") or None, None if sinks is None else sinks.detach())
     if not isinstance(layer, RaggedLayer):
-        out = layer.attend(query, scale, snapkv_visible)
+        out = layer.attend(query, form, snapkv_visible)
     elif folds(query):
-        out = folded_attention(layer, query, scale)
+        out = folded_attention(layer, query, form)
     else:
-        out = segment_attention(layer, query, scale, snapkv_kernel == "eager")
+        out = segment_attention(layer, query, form, snapkv_kernel == "eager")
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -226,10 +231,12 @@ def folds(query: torch.Tensor) -> bool:
     return query.shape[2] == 1 and query.device.type != "cpu"
 
 
-def segment_attention(layer: RaggedLayer, query: torch.Tensor, scale: float, eager: bool) -> torch.Tensor:
-    """``[rows, heads, q, d]``: one attention call per row and KV head, over views of its segment."""
+def segment_attention(layer: RaggedLayer, query: torch.Tensor, form: AttentionForm, eager: bool) -> torch.Tensor:
+    """``[rows, heads, q, d]``: one attention call per row and KV head, over views of its segment (the layer's
+    soft-capping and sinks as its eager attention applies them)."""
     rows, heads, q, d = query.shape
     groups = heads // layer.kv_heads
+    eager = eager or not form.plain
     out = []
     for row in range(rows):
         for head in range(layer.kv_heads):
@@ -242,33 +249,35 @@ def segment_attention(layer: RaggedLayer, query: torch.Tensor, scale: float, eag
                 length = end - start
                 mask = torch.arange(length, device=query.device)[None, :] <= \
                     torch.arange(length - q, length, device=query.device)[:, None]
-            out.append(_attend(part, keys, values, mask, scale, eager))
+            sinks = None if form.sinks is None else form.sinks[head * groups:(head + 1) * groups].view(1, -1, 1, 1)
+            out.append(_attend(part, keys, values, mask, form, eager, sinks))
     return torch.cat(out, dim=1).view(rows, heads, q, d)
 
 
-def _attend(query, keys, values, mask, scale: float, eager: bool) -> torch.Tensor:
+def _attend(query, keys, values, mask, form: AttentionForm, eager: bool, sinks=None) -> torch.Tensor:
     if not eager:
-        return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
-                                                                enable_gqa=True)
-    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
+        return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
+                                                                scale=form.scaling, enable_gqa=True)
+    scores = model_logits(torch.matmul(query, keys.transpose(-1, -2)), query.shape[-1], form)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = attention_softmax(scores, sinks).to(query.dtype)
     return torch.matmul(probs, values)
 
 
-def folded_attention(layer: RaggedLayer, query: torch.Tensor, scale: float) -> torch.Tensor:
+def folded_attention(layer: RaggedLayer, query: torch.Tensor, form: AttentionForm) -> torch.Tensor:
     """``[rows, heads, 1, d]``: every query head of a row against the row's whole buffer in one product,
-    the slots outside its head's segment masked (one token a row)."""
+    the slots outside its head's segment masked (one token a row; the layer's soft-capping and sinks)."""
     rows, heads, _, d = query.shape
     groups = heads // layer.kv_heads
     capacity = layer.keys.shape[1]
     slot = torch.arange(capacity, device=query.device)
     ends = layer._next + layer.filled
     visible = (slot >= layer._starts[..., None]) & (slot < ends[..., None])   # [rows, kv_heads, capacity]
-    scores = torch.matmul(query.reshape(rows, heads, d), layer.keys.transpose(1, 2)) * scale
+    scores = model_logits(torch.matmul(query.reshape(rows, heads, d), layer.keys.transpose(1, 2)), d, form)
     scores = scores.view(rows, layer.kv_heads, groups, capacity).masked_fill(~visible[:, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype).view(rows, heads, capacity)
+    sinks = None if form.sinks is None else form.sinks.view(1, layer.kv_heads, groups, 1)
+    probs = attention_softmax(scores, sinks).to(query.dtype).reshape(rows, heads, capacity)
     return torch.matmul(probs, layer.values).view(rows, heads, 1, d)
 
 

@@ -44,6 +44,9 @@ def build(family, **extra):
                 projection = getattr(attention_of(layer), name, None)
                 if projection is not None:
                     projection.weight.mul_(4.0)
+            sinks = getattr(attention_of(layer), "sinks", None)
+            if sinks is not None:  # gpt-oss: sinks that weigh in the softmax
+                sinks.copy_(torch.randn(sinks.shape, generator=torch.Generator().manual_seed(2)) * 3)
     return model
 
 
@@ -105,13 +108,41 @@ def test_a_family_is_read_as_the_model_attends(name, chunk):
         assert comparison.equal, comparison.describe(name)
 
 
-def tokens_attending_to(model, ids, kept: list, steps: int) -> list[int]:
-    """Greedy tokens of the model over its own whole-prompt cache, each step's attention on layer ``i`` limited to
-    the prompt positions ``kept[i][0][head]`` and every decoded token (a sliding layer: the model's window)."""
+@pytest.mark.parametrize("name", sorted(READ))
+def test_h2o_reads_every_query_as_the_model_attends(name):
+    """H2O's accumulated attention of every prompt query (KVCache-Factory's ``H2OKVCluster``) on each compressed
+    layer equals the model's own weights summed over its queries: the layer's scaling, soft-capping and sinks."""
+    model = build(READ[name])
+    ids = prompt()
+    with torch.no_grad():
+        weights = model(ids, output_attentions=True).attentions
+    cfg = snapkv.H2O(budget=BUDGET, window=WINDOW, gqa="repeat")
+    with torch.no_grad(), snapkv.compress(model, cfg, record_scores=True) as session:
+        model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+        cache = session.caches[0]
+    full = [layer for layer in range(len(weights)) if sliding(model, layer) is None]
+    want = np.zeros((len(full), weights[0].shape[1], LENGTH), dtype=bool)
+    got = np.zeros_like(want)
+    for row, layer in enumerate(full):
+        top = weights[layer][0, :, :, :-WINDOW].sum(dim=-2).topk(BUDGET - WINDOW, dim=-1).indices
+        want[row, np.arange(want.shape[1])[:, None], top.numpy()] = True
+        want[row, :, -WINDOW:] = True
+        for head, positions in enumerate(snapkv.kept_positions(cache)[layer][0]):
+            got[row, head, positions.numpy()] = True
+    comparison = compare_kept(got, want, [snapkv.ranking_scores(cache)[layer] for layer in full],
+                              label=f"family {name} h2o")
+    assert comparison.equal, comparison.describe(name)
+
+
+def tokens_attending_to(model, ids, kept: list, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens (and each step's logits) of the model over its own whole-prompt cache, each step's attention on
+    layer ``i`` limited to the prompt positions ``kept[i][0][head]`` and every decoded token (a sliding layer: the
+    model's window)."""
     heads = model.config.num_attention_heads
     cache = DynamicCache()  # every layer whole: the masks below say what each layer sees
     with torch.no_grad():
-        token = model(ids, cache=cache, use_cache=True).logits[:, -1].argmax(-1)
+        logits = [model(ids, cache=cache, use_cache=True).logits[:, -1]]
+    token = logits[0].argmax(-1)
     tokens, layers = [int(token)], model.base_model.layers
 
     def limiting(idx):
@@ -140,12 +171,13 @@ def tokens_attending_to(model, ids, kept: list, steps: int) -> list[int]:
             for step in range(steps - 1):
                 position = torch.tensor([[LENGTH + step]])
                 out = model(token[:, None], cache=cache, position_ids=position, use_cache=True)
-                token = out.logits[:, -1].argmax(-1)
+                logits.append(out.logits[:, -1])
+                token = logits[-1].argmax(-1)
                 tokens.append(int(token))
     finally:
         for handle in handles:
             handle.remove()
-    return tokens
+    return tokens, logits
 
 
 REPRESENTATIVE = {
@@ -158,7 +190,8 @@ REPRESENTATIVE = {
 
 @pytest.mark.parametrize("name", sorted(READ))
 def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
-    """SnapKV, AdaKV (each head its own count), Expected Attention (its RoPE statistics) and StreamingLLM."""
+    """SnapKV, AdaKV (each head its own count), Expected Attention (its RoPE statistics) and StreamingLLM: the tokens
+    and every step's logits (float32, 1e-4)."""
     model = build(READ[name])
     ids = prompt()
     settings = {method: make() for method, make in REPRESENTATIVE.items()}
@@ -169,9 +202,13 @@ def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
                     model(ids)
             continue
         with torch.no_grad(), snapkv.compress(model, cfg) as session:
-            out = model.generate(ids, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
+            out = model.generate(ids, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS,
+                                 output_logits=True, return_dict_in_generate=True)
             kept = snapkv.kept_positions(session.caches[0])
-        assert out[0, LENGTH:].tolist() == tokens_attending_to(model, ids, kept, STEPS), f"{name}: {method}"
+        tokens, logits = tokens_attending_to(model, ids, kept, STEPS)
+        assert out.sequences[0, LENGTH:].tolist() == tokens, f"{name}: {method}"
+        torch.testing.assert_close(torch.cat(out.logits), torch.cat(logits), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{name}: {method}: {m}")
     want = official_selection(model, ids, "mean")
     with torch.no_grad(), snapkv.compress(model, settings["snapkv"]) as session:
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)

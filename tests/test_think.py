@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import snapkv
+from snapkv.architectures import AttentionForm
 from eval.runner import Runner, kv_cache_bytes, kv_bytes_per_token
 from snapkv.channels import KeyChannelLayer, kept_channels
 from snapkv.hooks import eager_attention_weights
@@ -120,7 +121,7 @@ def test_the_layer_attention_is_eager_attention_over_zeroed_keys_with_kept_paddi
     query = torch.randn(rows, kv_heads * groups, 3, d)
     visible = torch.ones(rows, length + 3, dtype=torch.bool)
     visible[1, :4] = False  # row 1's kept padding
-    got = layer.attend(query, d ** -0.5, visible)
+    got = layer.attend(query, AttentionForm(d ** -0.5), visible)
     full = keys.clone()
     for row in range(rows):
         for head in range(kv_heads):

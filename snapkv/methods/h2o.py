@@ -127,7 +127,7 @@ class H2O(Method):
     def score(self, ctx):
         keys = ctx.keys
         votes = ctx.shared(("accumulated_attention", self.accumulate), lambda: accumulated_attention(
-            ctx.queries(keys.shape[-2]), keys, ctx.pad_mask, self.accumulate, ctx.scaling))
+            ctx.queries(keys.shape[-2]), keys, ctx.pad_mask, self.accumulate, ctx.form))
         return aggregate_heads(votes[..., :-self.window].float(), keys.shape[1], self.gqa)
 
     def compression_bytes(self, shape, length: int, batch: int, nbytes: int) -> int:
