@@ -163,6 +163,9 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
     if any(getattr(layer, "attends_itself", False) for cache in caches for layer in cache.layers):
         raise InputError("caches: a cache whose layers store fewer key channels (snapkv.channels) decodes alone; "
                          "merge uniform caches only")
+    if any(getattr(layer, "is_sliding", False) for cache in caches for layer in cache.layers):
+        raise InputError("caches: a cache with the model's sliding-window layers decodes alone (each row's window "
+                         "would need a mask of its own); merge caches of models without sliding layers")
     if len({layout(cache) for cache in caches}) > 1:
         raise InputError("caches: the caches hold different heads per layer (gqa='repeat' and not); merge "
                          "caches of one layout (snapkv.merge.layout)")

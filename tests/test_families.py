@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 import snapkv
 from parity import compare_kept, kept_array
+from snapkv.cache_state import state_of
 from snapkv.architectures import attention_of, module_call, prerope_queries, reading, rotation_matrices
 from snapkv.families import FAMILIES
 from snapkv.prefill import PREFILL_CHUNK
@@ -208,7 +209,7 @@ def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
         tokens, logits = tokens_attending_to(model, ids, kept, STEPS)
         assert out.sequences[0, LENGTH:].tolist() == tokens, f"{name}: {method}"
         torch.testing.assert_close(torch.cat(out.logits), torch.cat(logits), rtol=1e-4, atol=1e-4,
-                                   msg=lambda m: f"{name}: {method}: {m}")
+                                   msg=lambda m, method=method: f"{name}: {method}: {m}")
     want = official_selection(model, ids, "mean")
     with torch.no_grad(), snapkv.compress(model, settings["snapkv"]) as session:
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)
@@ -290,3 +291,50 @@ def test_a_family_read_otherwise_is_refused_in_one_line(name):
     with pytest.raises(ValueError, match=f"^model_type='{family.model_type}'.*{family.refused}") as refused:
         snapkv.compress(model, snapkv.SnapKV(budget=BUDGET, window=WINDOW)).__enter__()
     assert "\n" not in str(refused.value)
+
+
+def prefilled(model, cfg, ids):
+    """Inside ``snapkv.compress(model, cfg)``: the prompt's compressed cache (the session still attached)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("name", ["gemma2", "mistral-sliding"])
+def test_several_tokens_at_once_on_sliding_layers_equal_one_at_a_time(name):
+    """A continuation of several tokens on a compressed cache whose sliding layers hold their window: each new token
+    sees only the window behind it, as when the tokens come one by one."""
+    model, ids = build(READ[name]), prompt()
+    new = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(3))
+    cfg = snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL)
+    with snapkv.compress(model, cfg), torch.no_grad():
+        together = model(new, cache=prefilled(model, cfg, ids), use_cache=True).logits
+        cache = prefilled(model, cfg, ids)
+        apart = torch.cat([model(new[:, i:i + 1], cache=cache, use_cache=True).logits for i in range(5)], dim=1)
+    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decoding_cut_leaves_sliding_layers_to_the_model():
+    """A setting that cuts while decoding cuts the full-attention layers; the sliding ones keep their window."""
+    model = build(READ["gemma2"])
+    cfg = snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL, decode_target=BUDGET, decode_interval=WINDOW)
+    with torch.no_grad(), snapkv.compress(model, cfg) as session:
+        model.generate(prompt(), max_new_tokens=2 * WINDOW + 1, do_sample=False, min_new_tokens=2 * WINDOW + 1)
+        cache = session.caches[0]
+    window = READ["gemma2"].tiny["sliding_window"]
+    assert state_of(cache).decoding_cuts == 2  # the one full-attention layer, twice
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [window - 1, BUDGET, window - 1]
+
+
+def test_what_cannot_follow_sliding_layers_is_refused_in_one_line():
+    model = build(READ["gemma2"])
+    cfg = snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL)
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), prompt()[:, 4:]], dim=1)
+    mask = (padded != 0).long()
+    with snapkv.compress(model, cfg), torch.no_grad():
+        with pytest.raises(snapkv.InputError, match="^snapkv: a left-padded batch cannot be compressed on a model "
+                                                    "with sliding-window layers"):
+            model(padded, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True)
+        with pytest.raises(snapkv.InputError, match="^caches: a cache with the model's sliding-window layers"):
+            snapkv.merge_caches([prefilled(model, cfg, prompt()), prefilled(model, cfg, prompt())])
