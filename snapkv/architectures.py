@@ -336,3 +336,14 @@ def layer_rotary(rotary, attn, like: torch.Tensor, position_ids: torch.Tensor):
     if "layer_type" in inspect.signature(type(rotary).forward).parameters:  # the class's (a session may wrap it)
         return rotary(like, position_ids, attn.config.layer_types[attn.layer_idx])
     return rotary(like, position_ids)
+
+
+def output_projection(attn) -> torch.nn.Module:
+    """The attention module's output projection (``o_proj``; GPT-NeoX's ``dense``), for a method weighing values by
+    it (CriticalKV, KVzip+); one line where it has none the compressor knows."""
+    for name in ("o_proj", "dense"):
+        projection = getattr(attn, name, None)
+        if isinstance(projection, torch.nn.Linear):
+            return projection
+    raise InputError(f"model_type={attn.config.model_type!r}: its attention has no output projection the compressor "
+                     "knows (o_proj, dense), which this method weighs values by")

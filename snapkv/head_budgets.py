@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 
+from .architectures import output_projection, reading
 from .errors import InputError, check_number
 from .method import Method
 from .prompt_scores import by_real_rows
@@ -72,9 +73,9 @@ def value_output_norms(values: torch.Tensor, attn) -> torch.Tensor:
     """``||v W_O||_1`` of each position per query head, averaged over each KV group ``[b, kv, n]``
     (kvpress's ``CriticalKVPress.vwl1norm``: one query head at a time, never every head's product)."""
     b, n_kv, n, _ = values.shape
-    config = attn.config
-    heads = config.num_attention_heads
-    out_weight = attn.o_proj.weight.transpose(0, 1).view(heads, attn.head_dim, config.hidden_size)
+    config, probe = attn.config, reading(attn)
+    heads = probe.query_heads
+    out_weight = output_projection(attn).weight.transpose(0, 1).view(heads, probe.head_dim, config.hidden_size)
     repeated = values.repeat_interleave(heads // n_kv, dim=1)
     norms = [torch.norm(repeated[:, head].matmul(out_weight[head].unsqueeze(0)), p=1, dim=-1)
              for head in range(heads)]

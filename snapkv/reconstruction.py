@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .architectures import attention_of, module_call
+from .architectures import attention_of, module_call, output_projection, reading
 from .errors import InputError
 from .transformers_workarounds import filled_layer
 
@@ -67,9 +67,9 @@ def chunk_scores(attn, hidden: torch.Tensor, keys: torch.Tensor, values: torch.T
     """``[b, kv_heads, end - start]``: the largest attention the replay's queries (``hidden``, the chunk's
     request) pay each position of ``[start, end)``; ``keys`` hold the context and the replay tokens."""
     b, q_len, _ = hidden.shape
-    config = attn.config
-    n_kv, head_dim = config.num_key_value_heads, attn.head_dim
-    groups = config.num_attention_heads // n_kv
+    config, probe = attn.config, reading(attn)
+    n_kv, head_dim = probe.kv_heads, probe.head_dim
+    groups = probe.query_heads // n_kv
     queries = module_call(attn, hidden, position_embeddings).query
     queries = queries.view(b, n_kv, groups, q_len, head_dim)
     sink = min(n_sink, start)
@@ -79,7 +79,7 @@ def chunk_scores(attn, hidden: torch.Tensor, keys: torch.Tensor, values: torch.T
     weights = torch.nn.functional.softmax(weights, dim=-1)
     if plus_normalization:  # KVzip+: divided by ||h|| per query, times ||v W_O|| per key
         weights = torch.einsum("b h g t i, b t -> b h g t i", weights, 1 / torch.norm(hidden, dim=-1))
-        out_weight = attn.o_proj.weight.view(config.hidden_size, n_kv, groups, head_dim)
+        out_weight = output_projection(attn).weight.view(config.hidden_size, n_kv, groups, head_dim)
         picked_values = torch.cat([values[:, :, :sink], values[:, :, start:end], values[:, :, -q_len:]], dim=2)
         norms = torch.einsum("j h g i, b h t i -> b h g t j", out_weight, picked_values).norm(dim=-1)
         weights = torch.einsum("b h g i t, b h g t -> b h g i t", weights, norms)

@@ -135,14 +135,18 @@ def test_h2o_reads_every_query_as_the_model_attends(name):
     assert comparison.equal, comparison.describe(name)
 
 
-def tokens_attending_to(model, ids, kept: list, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+def tokens_attending_to(model, ids, kept: list, steps: int, dropped: dict | None = None):
     """Greedy tokens (and each step's logits) of the model over its own whole-prompt cache, each step's attention on
     layer ``i`` limited to the prompt positions ``kept[i][0][head]`` and every decoded token (a sliding layer: the
-    model's window)."""
+    model's window); ``dropped``: layer -> ``[kv_heads, c]`` key channels zeroed in the prompt's keys (ThinK)."""
     heads = model.config.num_attention_heads
     cache = DynamicCache()  # every layer whole: the masks below say what each layer sees
     with torch.no_grad():
         logits = [model(ids, cache=cache, use_cache=True).logits[:, -1]]
+        for idx, channels in (dropped or {}).items():
+            keys = cache.layers[idx].keys
+            for head, pruned in enumerate(channels):
+                keys[0, head, :LENGTH, pruned] = 0
     token = logits[0].argmax(-1)
     tokens, layers = [int(token)], model.base_model.layers
 
@@ -186,13 +190,14 @@ REPRESENTATIVE = {
     "adakv": lambda: snapkv.build_config("adakv", budget=None, ratio=0.5),
     "expected_attention": lambda: snapkv.build_config("expected_attention", budget=None, ratio=0.5),
     "streamingllm": lambda: snapkv.build_config("streamingllm", budget=BUDGET),
+    "critical_adakv": lambda: snapkv.build_config("critical_adakv", budget=None, ratio=0.5),
 }
 
 
 @pytest.mark.parametrize("name", sorted(READ))
 def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
-    """SnapKV, AdaKV (each head its own count), Expected Attention (its RoPE statistics) and StreamingLLM: the tokens
-    and every step's logits (float32, 1e-4)."""
+    """SnapKV, AdaKV (each head its own count), Expected Attention (its RoPE statistics), StreamingLLM and
+    CriticalAdaKV (values weighed by the output projection): the tokens and every step's logits (float32, 1e-4)."""
     model = build(READ[name])
     ids = prompt()
     settings = {method: make() for method, make in REPRESENTATIVE.items()}
@@ -215,6 +220,28 @@ def test_greedy_tokens_on_each_cache_equal_the_models_own(name):
         model(ids, cache=DynamicCache(config=model.config), use_cache=True)
         got = kept_array(session.caches[0], LENGTH)
     assert (got == want).mean() > 0.98, name  # the per-KV-head vote too (ties aside)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in READ if not READ[n].sliding))
+def test_kvzip_and_think_caches_decode_as_the_model_attends(name, smol_tokenizer):
+    """KVzip (its replay through the model, each head its own count) and ThinK (the prompt's keys keep half their
+    channels): the tokens and every step's logits equal the model's own over the kept positions (for ThinK: its
+    pruned channels zeroed, as kvpress's ``ThinKPress`` leaves them)."""
+    vocab = len(smol_tokenizer)
+    model, ids = build(READ[name], vocab_size=vocab), prompt(vocab)
+    for cfg in (snapkv.build_config("kvzip", budget=None, ratio=0.5),
+                snapkv.build_config("think", budget=None, ratio=0.0, key_channel_ratio=0.5)):
+        with torch.no_grad(), snapkv.compress(model, cfg, tokenizer=smol_tokenizer) as session:
+            out = model.generate(ids, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS,
+                                 output_logits=True, return_dict_in_generate=True)
+            cache = session.caches[0]
+        kept = snapkv.kept_positions(cache)
+        dropped = {idx: layer.dropped[0] for idx, layer in enumerate(cache.layers) if hasattr(layer, "dropped")}
+        assert bool(dropped) == (cfg.method == "think")
+        tokens, logits = tokens_attending_to(model, ids, kept, STEPS, dropped)
+        assert out.sequences[0, LENGTH:].tolist() == tokens, f"{name}: {cfg.method}"
+        torch.testing.assert_close(torch.cat(out.logits), torch.cat(logits), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, method=cfg.method: f"{name}: {method}: {m}")
 
 
 @pytest.mark.parametrize("name", sorted(READ))

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..architectures import attention_of, layer_rotary, module_call, rotated
+from ..architectures import attention_of, layer_rotary, module_call, reading, rotated
 from ..errors import InputError, check_bool, check_choice, check_int, check_number
 from ..method import GQA_MODES, Method
 from ..registry import register
@@ -156,7 +156,7 @@ def on_the_fly_scores(replay, texts: list[str]) -> np.ndarray:
             for layer_idx, h in enumerate(hidden_states):
                 module = layers[layer_idx]
                 attn = attention_of(module)
-                d = attn.head_dim
+                d = reading(attn).head_dim
                 h = module.input_layernorm(h)
                 # the module's own queries and keys before RoPE (its norms included), positions first
                 pre = module_call(attn, h)

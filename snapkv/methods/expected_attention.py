@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..architectures import layer_rotary, prerope_queries, rotation_matrices
+from ..architectures import layer_rotary, prerope_queries, reading, rotation_matrices
 from ..errors import InputError, check_bool, check_int, check_number
 from ..registry import register
 from ..prompt_scores import WholePromptMethod, always_kept, by_real_rows
@@ -86,7 +86,7 @@ class ExpectedAttention(WholePromptMethod):
         keys, values = keys[:, :, self.n_sink:], values[:, :, self.n_sink:]
         mean, covariance = self._query_statistics(ctx, hidden)
         b, n_kv, n, d = keys.shape
-        groups = ctx.attn.config.num_attention_heads // n_kv
+        groups = reading(ctx.attn).query_heads // n_kv
         keys = keys.repeat_interleave(groups, dim=1).transpose(2, 3)
         scores = torch.matmul(mean.unsqueeze(2), keys).squeeze(2) / math.sqrt(d)
         if covariance is not None:
