@@ -90,7 +90,7 @@ FAMILIES = (
            "refused"),
     Family("gpt_neox", "gpt_neox", "EleutherAI/pythia-6.9b",
            "fused query_key_value, partial rotary, its attention module named `attention`, its cache `layer_past`",
-           limits=ROPE_LIMITS),
+           dict(num_key_value_heads=4), limits=ROPE_LIMITS),  # (multi-head: it has no key-value head count)
     Family("deepseek_v3", "deepseek_v3", "deepseek-ai/DeepSeek-V3", "multi-head latent attention (MLA)",
            dict(num_key_value_heads=4), refused="multi-head latent attention"),
     Family("falcon", "falcon", "tiiuae/falcon-7b-instruct", "decoder layers at transformer.h",

@@ -20,9 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InputError
+from .families import FAMILIES
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PLANNED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+# every family the compressor reads (snapkv.families), and Qwen2-MoE (Qwen2's attention, a shared expert)
+PLANNED = tuple(sorted({family.model_type for family in FAMILIES if not family.refused} | {"qwen2_moe"}))
 _SELECTION_CHUNK = 256 * 2**20  # snapkv.select: window x L float32 per chunk of heads
 # tokens per chunk of a session's prefill (``snapkv.prefill``, which takes it from here): the chunk's activations
 # (its MLP's above all) are fixed-size buffers; the mask of a chunk's queries over the keys so far (sdpa with
@@ -48,6 +50,15 @@ class Shape:
     shared_intermediate: int  # a shared expert's (Qwen2-MoE), 0 if none
     tied: bool
     device: str = "cuda"     # where it runs: a method may size its chunks by device (H2O)
+    windows: tuple = ()      # per layer: its sliding window (0: full attention); () every layer full
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if self.windows else 0
+
+    @property
+    def full_layers(self) -> list[int]:
+        """The layers a session compresses: every one but the sliding-window layers (they hold their window)."""
+        return [layer for layer in range(self.layers) if not self.window(layer)]
 
     @classmethod
     def of(cls, config, device: str = "cuda") -> "Shape":
@@ -55,6 +66,8 @@ class Shape:
         if model_type is not None and model_type not in PLANNED:
             raise InputError(f"model_type={model_type!r}: the memory planner knows {', '.join(PLANNED)}; "
                              "a plan for another architecture would be a wrong number")
+        if isinstance(config, dict) and model_type is not None:  # a model config's architecture block: its layer
+            config = _transformers_config(config)               # types as transformers derives them
         hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
         experts = int(_get(config, "num_local_experts", None) or _get(config, "num_experts", None) or 1)
         moe = experts > 1
@@ -66,7 +79,8 @@ class Shape:
                    intermediate=intermediate, vocab=int(_get(config, "vocab_size")), experts=experts,
                    active_experts=int(_get(config, "num_experts_per_tok", 1) or 1) if moe else 1,
                    shared_intermediate=int(_get(config, "shared_expert_intermediate_size", 0) or 0),
-                   tied=bool(_get(config, "tie_word_embeddings", False)), device=str(device))
+                   tied=bool(_get(config, "tie_word_embeddings", False)), device=str(device),
+                   windows=sliding_windows(config))
 
     def parameters(self) -> int:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
@@ -83,6 +97,33 @@ class Shape:
         per_token = 3 * self.intermediate * self.active_experts + 3 * self.shared_intermediate
         routing = tokens * self.experts * 4 * 2 if self.experts > 1 else 0  # router logits and weights
         return tokens * per_token * nbytes + routing
+
+
+def _transformers_config(architecture: dict):
+    from transformers import AutoConfig
+    fields = {k: v for k, v in architecture.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(architecture["model_type"], **fields)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"architecture: model_type={architecture['model_type']!r} does not take these fields "
+                         f"({error})") from None
+
+
+def sliding_windows(config) -> tuple:
+    """Per layer, the sliding window its attention keeps (0: full attention), as transformers builds the model's
+    own cache (``layer_types``, else a ``sliding_window`` every layer uses); a window no shorter than the model's
+    context is none (Phi-4-mini's 262,144 of 131,072)."""
+    window = _get(config, "sliding_window", None)
+    layers = int(_get(config, "num_hidden_layers"))
+    context = _get(config, "max_position_embeddings", None)
+    if not window or (context and window >= context):
+        return ()
+    types = _get(config, "layer_types", None)
+    if types is None:
+        if _get(config, "use_sliding_window", True) is False:
+            return ()
+        types = ["sliding_attention"] * layers
+    return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types[:layers])
 
 
 def softmax_bytes(nbytes: int) -> int:
@@ -148,18 +189,26 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     s, n = Shape.of(config, device), DTYPE_BYTES[dtype]
     compresses = compressor is not None and compressor.compresses
     heads = s.heads if compresses and compressor.gqa == "repeat" else s.kv_heads
-    kept = [compressor.stored_tokens(i, s.layers, length, heads) if compresses else length
-            for i in range(s.layers)]
+    full = s.full_layers
+    kept = [compressor.stored_tokens(i, s.layers, length, heads) if compresses else length for i in full] or [0]
     one_layer_full = kv_bytes(s, [length], s.kv_heads, batch, n)
+    # the sliding-window layers hold their window's last tokens (the model's own sliding cache), whatever the setting
+    windows = [min(length, s.window(i) - 1) for i in range(s.layers) if s.window(i)]
+    sliding = kv_bytes(s, windows, s.kv_heads, batch, n)
     # the prompt's keys of a method storing fewer key channels (ThinK) keep only those, beside their index
     key_dim = compressor.stored_key_channels(s.head_dim) if compresses else s.head_dim
     index = channel_index_bytes(s, key_dim, batch)
-    after_prefill = kv_bytes(s, kept, heads if compresses else s.kv_heads, batch, n, key_dim) + s.layers * index
-    # KV the prefill holds while the last layer runs: full KV of every layer, or the compressed
-    # earlier layers plus the current one at full length (and once it is compressed: what is kept)
+    compressed = kv_bytes(s, kept if full else [], heads if compresses else s.kv_heads, batch, n, key_dim)
+    after_prefill = compressed + len(full) * index + sliding
+    # KV the prefill holds while a layer runs: full KV of every full-attention layer, or the others as they are
+    # kept plus that one at full length (the one keeping least: the largest sum; once compressed: what is kept)
     keeps_all = not compresses or compressor.scores_after_prefill
-    held = kv_bytes(s, [length] * s.layers, s.kv_heads, batch, n) if keeps_all else \
-        after_prefill - kv_bytes(s, [kept[-1]], heads, batch, n, key_dim) - index + one_layer_full
+    window_least = min(kv_bytes(s, [w], s.kv_heads, batch, n) for w in windows) if windows else one_layer_full
+    if keeps_all:  # a sliding layer's prefill holds its whole prompt until it keeps its window
+        held = kv_bytes(s, [length] * len(full), s.kv_heads, batch, n) + sliding + one_layer_full - window_least
+    else:
+        least = min(([kv_bytes(s, [min(kept)], heads, batch, n, key_dim) + index] if full else []) + [window_least])
+        held = after_prefill - least + one_layer_full
     held_after = held if keeps_all else after_prefill
     if prefill_chunk is None:
         transient = one_pass_transient(s, compressor if compresses else None, length, batch, n, attn_implementation,
@@ -176,12 +225,16 @@ def plan(config, length: int, compressor=None, batch: int = 1, dtype: str = "bfl
     if compresses and compressor.head_adaptive and decode_tokens:  # ragged layers append into doubling room
         from .ragged import room_after
         appended = room_after(decode_tokens)
-    decode_cache = after_prefill + kv_bytes(s, [appended] * s.layers, heads if compresses else s.kv_heads,
-                                            batch, n)
+    # decoded tokens: every full-attention layer appends them; a sliding layer grows to its window at most
+    grown = kv_bytes(s, [min(length + decode_tokens, s.window(i) - 1) - min(length, s.window(i) - 1)
+                         for i in range(s.layers) if s.window(i)], s.kv_heads, batch, n)
+    decode_cache = after_prefill + grown + kv_bytes(s, [appended] * len(full), heads if compresses else s.kv_heads,
+                                                    batch, n)
     if appended != decode_tokens:  # the room's last doubling: one layer's old buffer beside its new one
         decode_cache += kv_bytes(s, [max(kept) + appended // 2], heads, batch, n)
-    if compresses and compressor.decodes and decode_tokens:
-        decode_cache = decoding_cache_bytes(s, compressor, kept, length, decode_tokens, heads, batch, n)
+    if compresses and compressor.decodes and decode_tokens and full:
+        decode_cache = decoding_cache_bytes(s, compressor, kept, length, decode_tokens, heads, batch, n) + sliding \
+            + grown
     transient = max(transient, transient_after)
     prefill_peak = weights + held + transient
     decode_peak = weights + decode_cache + batch * s.vocab * 4 + 4 * batch * s.hidden * n
@@ -299,7 +352,7 @@ def decoding_cache_bytes(s: Shape, compressor, kept: list[int], length: int, dec
     copy = kv_bytes(s, [min(target, max(peaks))], heads, batch, n)
     if compressor.head_adaptive and getattr(compressor, "keep_reads_values", False):
         copy += kv_bytes(s, [heads * max(peaks)], heads, 1, n) // 2
-    buffered = s.layers * batch * min(compressor.decode_buffer + 1, interval) * s.hidden * n
+    buffered = len(kept) * batch * min(compressor.decode_buffer + 1, interval) * s.hidden * n
     return held + copy + buffered
 
 

@@ -365,3 +365,38 @@ def test_what_cannot_follow_sliding_layers_is_refused_in_one_line():
             model(padded, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True)
         with pytest.raises(snapkv.InputError, match="^caches: a cache with the model's sliding-window layers"):
             snapkv.merge_caches([prefilled(model, cfg, prompt()), prefilled(model, cfg, prompt())])
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_the_planner_counts_the_cache_each_family_holds(name):
+    """``snapkv.memory.plan``'s ``kv_cache_bytes`` for the prompt equals the bytes the session's cache holds: the
+    compressed full-attention layers, the sliding layers' windows (MoE and fused projections change no cache)."""
+    from snapkv.memory import plan
+    model, ids = build(READ[name]), prompt()
+    for cfg in (snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL), None):
+        with torch.no_grad(), snapkv.compress(model, cfg or snapkv.build_config("full")) as session:
+            model(ids, cache=DynamicCache(config=model.config), use_cache=True)
+            held = sum(t.numel() * t.element_size() for layer in session.caches[0].layers
+                       for t in (layer.keys, layer.values))
+        planned = plan(model.config, LENGTH, cfg, dtype="float32", device="cpu")["kv_cache_bytes"]
+        assert planned == held, f"{name}: {cfg}"
+
+
+@pytest.mark.parametrize("config", ["command-r", "gemma-3-12b-it", "phi-4-mini", "gpt-oss-20b", "olmo-2-7b",
+                                    "smollm3-3b"])
+def test_each_family_config_is_planned_with_its_sliding_layers(config):
+    """conf/model's family configs: their architecture block is a transformers config the planner counts (a sliding
+    layer holds its window, a window no shorter than the context is none), nothing refused."""
+    from omegaconf import OmegaConf
+
+    from snapkv.memory import Shape, plan
+    architecture = OmegaConf.to_container(OmegaConf.load(f"conf/model/{config}.yaml"))["architecture"]
+    shape = Shape.of(architecture)
+    sliding = {"gemma-3-12b-it": 40, "gpt-oss-20b": 12}.get(config, 0)
+    assert shape.layers - len(shape.full_layers) == sliding
+    snap = plan(architecture, 100_000, snapkv.SnapKV(budget=1024))
+    full = plan(architecture, 100_000, None)
+    window = max(shape.windows, default=0)
+    per_token = 2 * shape.kv_heads * shape.head_dim * 2  # keys and values, bfloat16
+    assert snap["kv_cache_bytes"] == per_token * (len(shape.full_layers) * 1024 + sliding * (window - 1))
+    assert full["kv_cache_bytes"] == per_token * (len(shape.full_layers) * 100_000 + sliding * (window - 1))
