@@ -400,3 +400,24 @@ def test_each_family_config_is_planned_with_its_sliding_layers(config):
     per_token = 2 * shape.kv_heads * shape.head_dim * 2  # keys and values, bfloat16
     assert snap["kv_cache_bytes"] == per_token * (len(shape.full_layers) * 1024 + sliding * (window - 1))
     assert full["kv_cache_bytes"] == per_token * (len(shape.full_layers) * 100_000 + sliding * (window - 1))
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_the_chunked_prefill_keeps_and_writes_what_one_pass_does_with_sdpa(name):
+    """With sdpa (where the family takes it): chunks of 32 keep the positions and write the tokens of the model's own
+    one-pass prefill (a sliding layer's chunks take its window's mask; a plain one splits at the chunk)."""
+    family = READ[name]
+    config = AutoConfig.for_model(family.model_type, **{**COMMON, **family.tiny})
+    torch.manual_seed(0)
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    except ValueError as error:
+        pytest.skip(f"{name}: {error}"[:120])  # Gemma 2, gpt-oss: eager only
+    runs = []
+    for chunk in (None, 32):
+        with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=BUDGET, window=WINDOW, kernel=KERNEL),
+                                              prefill_chunk=chunk) as session:
+            out = model.generate(prompt(), max_new_tokens=4, do_sample=False, min_new_tokens=4)
+            kept = [[p.tolist() for p in layer[0]] for layer in snapkv.kept_positions(session.caches[0])]
+        runs.append((out[0, LENGTH:].tolist(), kept))
+    assert runs[0] == runs[1]
