@@ -178,10 +178,19 @@ def reading(attn) -> ModuleReading:
     Refused in one line where the compressor could not read it as the model attends."""
     if attn in _READINGS:
         return _READINGS[attn]
-    model_type = getattr(attn.config, "model_type", "?")
-    if not set(CACHE_ARGUMENTS) & set(inspect.signature(attn.forward).parameters):
+    config = getattr(attn, "config", None)
+    model_type = getattr(config, "model_type", "?")
+    if config is None or not hasattr(config, "_attn_implementation"):
+        raise InputError(f"model_type={model_type!r} is not supported: its attention module ({type(attn).__name__}) "
+                         "has no model config, so it does not go through transformers' attention functions")
+    parameters = set(inspect.signature(attn.forward).parameters)
+    if not set(CACHE_ARGUMENTS) & parameters:
         raise InputError(f"model_type={model_type!r} is not supported: its attention takes its cache under none of "
                          f"the names {', '.join(CACHE_ARGUMENTS)}, so the compressor cannot find the layer's keys")
+    if "position_embeddings" not in parameters:
+        raise InputError(f"model_type={model_type!r} is not supported: its attention takes no rotary "
+                         "position_embeddings (learned, ALiBi or no positions), which the compressor's queries and "
+                         "positions after a cut assume")
     if getattr(attn.config, "kv_lora_rank", None):
         raise InputError(f"model_type={model_type!r} is not supported: multi-head latent attention (MLA, kv_lora_rank="
                          f"{attn.config.kv_lora_rank}): its keys and values differ in width and its cache holds "
@@ -252,6 +261,8 @@ def window_queries(attn, hidden_states: torch.Tensor, position_embeddings, n: in
 def queries_at(attn, hidden_states: torch.Tensor, position_embeddings, rows: slice) -> torch.Tensor:
     """Query states ``[b, H, n, d]`` of the positions ``rows``, as the module computes them (projected from those
     rows alone, as kvpress's ``get_prerope_query_states`` projects a window)."""
+    if position_embeddings is None:  # a layer given no rotary embedding (Beam's) rotates nothing
+        return module_call(attn, hidden_states[:, rows]).query
     cos, sin = position_embeddings
     return module_call(attn, hidden_states[:, rows], (cos[:, rows], sin[:, rows])).query
 

@@ -421,3 +421,19 @@ def test_the_chunked_prefill_keeps_and_writes_what_one_pass_does_with_sdpa(name)
             kept = [[p.tolist() for p in layer[0]] for layer in snapkv.kept_positions(session.caches[0])]
         runs.append((out[0, LENGTH:].tolist(), kept))
     assert runs[0] == runs[1]
+
+
+def test_the_family_sweep_tells_exact_held_refused_and_wrong_apart(monkeypatch):
+    """scripts/family_sweep.py (every causal-LM family transformers ships; docs/library.md gives its last counts):
+    its verdicts on known families, and a selection that is off is reported wrong."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("family_sweep", "scripts/family_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.in_child("llama")["outcome"] == "exact"
+    assert sweep.in_child("gemma2")["outcome"] == "exact"      # its full-attention layer; the others held
+    assert sweep.in_child("afmoe")["outcome"] == "held"        # every layer slides over more than the prompt
+    refused = sweep.in_child("bloom")
+    assert refused["outcome"] == "refused" and refused["detail"].startswith("model_type='bloom' is not supported")
+    monkeypatch.setattr(sweep, "official_kept", lambda weights, layer: [set()] * weights[layer].shape[1])
+    assert sweep.in_child("llama")["outcome"] == "wrong"
