@@ -20,8 +20,9 @@ import torch
 
 from .errors import InputError
 from .families import FAMILIES
-from .transformers_workarounds import CACHE_ARGUMENTS
 
+# the names an attention module or decoder takes its cache under (GPT-NeoX's attention: ``layer_past``)
+CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")
 # the families tests/test_families.py pins against each model's own attention (snapkv.families: what each needed)
 TESTED = tuple(sorted({family.model_type for family in FAMILIES if not family.refused}))
 

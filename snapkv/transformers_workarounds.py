@@ -11,10 +11,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
+from .architectures import CACHE_ARGUMENTS
 from .errors import InputError
-
-
-CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")
 
 
 def cache_argument(kwargs: dict):
