@@ -35,7 +35,7 @@ import torch
 from .errors import InputError
 from .method import Method
 from .timing import Ledger
-from .transformers_workarounds import report_consumed
+from .transformers_workarounds import report_consumed, rolls_back
 
 
 def host_copy(scores: torch.Tensor) -> torch.Tensor:
@@ -86,6 +86,7 @@ class CacheState:
     renumbered: bool = False            # the kept keys sit at 0..n-1: positions are the cache's own (see the table)
     ranking_scores: dict = field(default_factory=dict)  # layer -> what its cut ranked (record_scores), or None
     decoding_rankings: dict = field(default_factory=dict)  # layer -> what each of its cuts while decoding ranked
+    crop_floor: int = 0                 # tokens consumed at the last compression: a crop may not go below (crop)
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -122,6 +123,8 @@ class CacheState:
         for one in (self, *(sibling for _, sibling in self.siblings)):
             if one.in_prefill and one.rerotated_layers:
                 one.renumber()
+            if one.in_prefill and one.compressed:
+                one.crop_floor = one.consumed
             one.in_prefill = False
         self.siblings = []
 
@@ -221,6 +224,32 @@ class CacheState:
         self.pad_mask = self.kept_mask
         self.mark_compressed(cache)
 
+    def crop(self, cache, tokens: int) -> None:
+        """``cache.crop(-tokens)`` as transformers calls it (assisted and prompt-lookup decoding roll back rejected
+        drafts): the last ``tokens`` slots of every layer go, and with them the positions, the consumed count and the
+        kept padding they added. Only tokens appended since the last compression can go (one line otherwise)."""
+        if tokens > 0:
+            raise InputError(f"crop({tokens}): give the tokens to remove as a negative number, as transformers does")
+        tokens = -tokens
+        if tokens == 0:
+            return
+        if self.layer_segments is not None or self.layer_masks is not None:
+            raise InputError("crop: caches merged into one batch (snapkv.merge_caches) cannot be rolled back; decode "
+                             "each cache alone to speculate")
+        if self.consumed - tokens < self.crop_floor:
+            raise InputError(f"crop(-{tokens}): the cache was compressed after {self.crop_floor} tokens and has "
+                             f"consumed {self.consumed}; only the {self.consumed - self.crop_floor} appended since "
+                             "can be removed")
+        for layer in cache.layers:
+            layer.crop(-tokens)
+        self.consumed -= tokens
+        self.next_positions = self.next_positions - tokens
+        if self.kept_mask is not None:
+            self.kept_mask = self.kept_mask[:, :-tokens]
+            self.pad_mask = self.kept_mask
+        elif self.pad_mask is not None and not self.compressed:
+            self.pad_mask = self.pad_mask[:, :-tokens]
+
     def mark_compressed(self, cache) -> None:
         if not self.compressed:
             self.compressed = True
@@ -240,3 +269,4 @@ def state_of(cache) -> CacheState | None:
 
 def set_state(cache, state: CacheState) -> None:
     setattr(cache, _STATE, state)
+    rolls_back(cache, lambda tokens: state_of(cache).crop(cache, tokens))

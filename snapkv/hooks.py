@@ -57,8 +57,8 @@ from .select import as_form, attention_softmax, model_logits, outside_window
 from .timing import Clock, Ledger
 from .wrapping import narrowed
 from .transformers_workarounds import (RAGGED_ATTENTION, RepeatedKVLayer, cache_argument, check_cache, checked_generate,
-                                       filled_layer, filled_sliding_layer, kv_groups_for, route_attention,
-                                       takes_ragged_attention)
+                                       filled_layer, filled_sliding_layer, kv_groups_for, repeated_prefix,
+                                       route_attention, takes_ragged_attention)
 
 
 @dataclass
@@ -279,7 +279,7 @@ class CompressionSession:
             self._chunked.attach()
         if hasattr(self.model, "generate"):
             self._generate = self.model.generate
-            self.model.generate = checked_generate(self.model, self._generate)
+            self.model.generate = checked_generate(self.model, self._generate, self._speculation_refused)
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -299,6 +299,24 @@ class CompressionSession:
         if self._generate is not None:
             del self.model.generate  # the class method is back
             self._generate = None
+
+    def _speculation_refused(self) -> str | None:
+        """Why this session's caches cannot follow speculative decoding's crops (None: they can)."""
+        if self.compress_later_turns:
+            return ("speculative decoding: compress_later_turns=True would compress each verification pass, drafts "
+                    "included; leave it False")
+        for cfg in self.cfgs:
+            if not cfg.compresses:
+                continue
+            kind = ("each head keeps its own slots" if cfg.head_adaptive else
+                    "its prompt keys keep fewer channels" if cfg.stores_key_channels else
+                    "it cuts the cache while decoding" if cfg.decodes else None)
+            if kind:
+                return f"{cfg.method}: speculative decoding cannot roll back its cache yet ({kind}); decode without it"
+        if any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers):
+            return (f"speculative decoding: the sliding-window layers of model_type={self.model.config.model_type!r} "
+                    "cannot roll back tokens they have evicted; decode without it")
+        return None
 
     @property
     def cache_lengths(self) -> list[int]:
@@ -322,6 +340,8 @@ class CompressionSession:
         if self._chunked is not None:
             self._chunked.end()  # a pass that raised midway left its chunks behind
         cache = cache_argument(kwargs)
+        if cache is not None:
+            repeated_prefix(cache, kwargs)
         tokens = kwargs.get("input_ids")
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")

@@ -84,9 +84,18 @@ def check_cache(cache) -> None:
                          "lengths cannot live there)")
 
 
-def checked_generate(model, generate):
+def rolls_back(cache, crop) -> None:
+    """transformers rolls back rejected drafts (assisted and prompt-lookup decoding) with ``cache.crop(-n)``, which
+    drops the last ``n`` slots of each layer: a compressed cache also rolls back its own positions and counts
+    (``CacheState.crop``), so the cache's ``crop`` is replaced."""
+    cache.crop = crop
+
+
+def checked_generate(model, generate, speculation_refused=lambda: None):
     """``generate`` with the decoding strategies a compressed cache cannot follow refused (it
-    replaces ``model.generate`` while a compression session is attached)."""
+    replaces ``model.generate`` while a compression session is attached); speculative decoding (an
+    ``assistant_model`` or ``prompt_lookup_num_tokens``) runs as ``speculative_generate``, unless
+    ``speculation_refused()`` gives the reason the session's settings cannot follow it."""
     def run(*args, **kwargs):
         config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
 
@@ -99,9 +108,71 @@ def checked_generate(model, generate):
             raise InputError("prefill_chunk_size: transformers' chunked prefill would be compressed after its first "
                              "chunk; leave it unset (snapkv.compress chunks each prefill itself: prefill_chunk=)")
         if kwargs.get("assistant_model") is not None or setting("prompt_lookup_num_tokens"):
-            raise InputError("assisted decoding crops the cache by position, which a compressed cache cannot follow")
+            reason = speculation_refused()
+            if reason:
+                raise InputError(reason)
+            return speculative_generate(model, generate, args, kwargs, setting)
         return generate(*args, **kwargs)
     return run
+
+
+SPECULATION = ("assistant_model", "prompt_lookup_num_tokens")
+
+
+def speculative_generate(model, generate, args, kwargs, setting):
+    """Assisted or prompt-lookup decoding on a cache the session compresses: the first pass of transformers' own
+    would carry the prompt and the first drafts together, and the drafts would be compressed as if they were the
+    prompt. So the prompt is prefilled alone first (``generate`` of one token, the first token as plain decoding
+    writes it), then the rest is speculated on that cache, whose crops roll back the rejected drafts
+    (``CacheState.crop``). Greedy, it writes plain greedy's tokens."""
+    inputs = args[0] if args else kwargs.pop("input_ids", kwargs.pop("inputs", None))
+    if inputs is None or inputs.dim() != 2 or inputs.shape[0] != 1:
+        raise InputError("input_ids: speculative decoding takes one prompt of token ids [1, length]")
+    if setting("return_dict_in_generate"):
+        raise InputError("return_dict_in_generate: speculative decoding on a compressed cache returns the sequences "
+                         "only")
+    new_tokens = setting("max_new_tokens")
+    if not isinstance(new_tokens, int) or new_tokens < 1:
+        raise InputError(f"max_new_tokens={new_tokens!r}: give the number of new tokens for speculative decoding")
+    at_least = setting("min_new_tokens") or 0
+    rest = {name: value for name, value in kwargs.items() if name not in ("max_new_tokens", "min_new_tokens", "cache",
+                                                                          "past_key_values", "max_length")}
+    cache = kwargs.get("cache") or kwargs.get("past_key_values") or DynamicCache(config=model.config)
+    plain = {name: value for name, value in rest.items() if name not in SPECULATION}
+    if setting("prompt_lookup_num_tokens"):  # a generation config may carry it
+        plain["prompt_lookup_num_tokens"] = None
+    first = generate(inputs, cache=cache, max_new_tokens=1, min_new_tokens=min(at_least, 1), **plain)
+    eos = setting("eos_token_id")
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    if new_tokens == 1 or (int(first[0, -1]) in eos and at_least <= 1):
+        return first
+    mask = rest.pop("attention_mask", None)
+    if mask is not None:
+        rest["attention_mask"] = torch.cat([mask, mask.new_ones(1, first.shape[1] - mask.shape[1])], dim=1)
+    # transformers' assisted decoding treats its first pass as the prefill and feeds every token again, the cached
+    # ones included: the session drops those from that pass (``repeated_prefix``)
+    setattr(cache, REPEATED_PREFIX, cache.get_seq_length())
+    try:
+        return generate(first, cache=cache, max_new_tokens=new_tokens - 1, min_new_tokens=max(at_least - 1, 0),
+                        **rest)
+    finally:
+        setattr(cache, REPEATED_PREFIX, 0)
+
+
+REPEATED_PREFIX = "_snapkv_repeated_prefix"
+
+
+def repeated_prefix(cache, kwargs: dict) -> None:
+    """A pass of transformers' assisted decoding on a cache that already holds the prompt (``speculative_generate``)
+    feeds the cached tokens again first: they are dropped from ``kwargs`` (its ids and position ids), once."""
+    cached = getattr(cache, REPEATED_PREFIX, 0)
+    ids = kwargs.get("input_ids")
+    if not cached or ids is None or ids.shape[1] <= cached:
+        return
+    setattr(cache, REPEATED_PREFIX, 0)
+    kwargs["input_ids"] = ids[:, cached:]
+    if kwargs.get("position_ids") is not None:
+        kwargs["position_ids"] = kwargs["position_ids"][..., cached:]
 
 
 RAGGED_ATTENTION = "snapkv_ragged"

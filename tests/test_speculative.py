@@ -1,0 +1,124 @@
+"""Speculative decoding over a compressed cache (the SnapKV paper's section 5): greedy prompt-lookup and assisted
+decoding write exactly plain greedy's tokens inside ``snapkv.compress``, the prompt alone is compressed, and the
+crops that roll back rejected drafts roll back the session's positions and counts too."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import snapkv
+from snapkv.cache_state import state_of
+from test_families import READ, build
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build(READ["llama"]), build(READ["qwen2"])  # the target and a draft model of the same vocabulary
+
+
+def repetitive_prompt() -> torch.Tensor:
+    """A prompt that repeats itself: prompt lookup finds drafts in it and some are accepted."""
+    base = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(5))
+    return torch.cat([base, base, base[:, :20]], dim=1)
+
+
+SETTINGS = {
+    "snapkv": lambda: snapkv.SnapKV(budget=40, window=8, kernel=5),
+    "snapkv-repeat": lambda: snapkv.SnapKV(budget=40, window=8, kernel=5, gqa="repeat"),
+    "pyramidkv": lambda: snapkv.build_config("pyramidkv", budget=48, window=8, kernel=5),
+    "streamingllm": lambda: snapkv.build_config("streamingllm", budget=40),
+    "full": lambda: snapkv.build_config("full"),
+}
+
+
+def passes(model):
+    """A list that counts the model's forward passes while the returned hook is attached."""
+    calls = []
+    return calls, model.register_forward_pre_hook(lambda module, args: calls.append(1))
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_prompt_lookup_and_assisted_decoding_write_plain_greedys_tokens(models, setting):
+    model, draft = models
+    ids = repetitive_prompt()
+    with torch.no_grad(), snapkv.compress(model, SETTINGS[setting]()):
+        greedy = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
+        calls, hook = passes(model)
+        lookup = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                prompt_lookup_num_tokens=5)
+        hook.remove()
+        assisted = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW, assistant_model=draft)
+    assert torch.equal(lookup, greedy) and torch.equal(assisted, greedy)
+    assert len(calls) < NEW  # drafts were accepted: fewer target passes than tokens
+
+
+def test_the_draft_model_can_be_compressed_too(models):
+    model, draft = models
+    ids = repetitive_prompt()
+    with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8, kernel=5)):
+        greedy = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
+        with snapkv.compress(draft, snapkv.build_config("streamingllm", budget=32)):
+            assisted = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                      assistant_model=draft)
+    assert torch.equal(assisted, greedy)
+
+
+def test_crops_roll_back_positions_and_counts_and_a_second_turn_follows(models):
+    """After a speculative turn the cache reports what greedy's does, and a second turn on it equals greedy's."""
+    model, _ = models
+    ids = repetitive_prompt()
+    turn = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(9))
+    runs = []
+    for lookup in (None, 5):
+        with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8, kernel=5)):
+            cache = DynamicCache(config=model.config)
+            first = model.generate(ids, cache=cache, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                   prompt_lookup_num_tokens=lookup)
+            state = state_of(cache)
+            counts = (cache.get_seq_length(), state.consumed, state.next_positions.tolist(),
+                      [layer.keys.shape[-2] for layer in cache.layers])
+            second = model.generate(torch.cat([first, turn], dim=1), cache=cache, max_new_tokens=8, do_sample=False,
+                                    min_new_tokens=8)
+        runs.append((first, counts, second))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][2], runs[1][2])
+    assert runs[0][1] == runs[1][1]
+
+
+def test_a_crop_into_the_compressed_prompt_is_refused_in_one_line(models):
+    model, _ = models
+    with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8, kernel=5)):
+        cache = DynamicCache(config=model.config)
+        model(repetitive_prompt(), cache=cache, use_cache=True)
+        model(torch.tensor([[7, 8, 9]]), cache=cache, use_cache=True)
+        cache.crop(-2)
+        assert cache.get_seq_length() == 101 and [layer.keys.shape[-2] for layer in cache.layers] == [41] * 3
+        with pytest.raises(snapkv.InputError, match=r"^crop\(-2\): the cache was compressed after 100 tokens"):
+            cache.crop(-2)
+
+
+@pytest.mark.parametrize("cfg,why", [
+    (lambda: snapkv.build_config("adakv", budget=None, ratio=0.5), "adakv: .*each head keeps its own slots"),
+    (lambda: snapkv.build_config("think", budget=None, ratio=0.0, key_channel_ratio=0.5), "think: .*fewer channels"),
+    (lambda: snapkv.SnapKV(budget=40, window=8, decode_target=40, decode_interval=8), "snapkv: .*while decoding"),
+])
+def test_caches_that_cannot_roll_back_yet_are_refused_in_one_line(models, cfg, why):
+    model, _ = models
+    with torch.no_grad(), snapkv.compress(model, cfg()):
+        with pytest.raises(snapkv.InputError, match=f"^{why}") as refused:
+            model.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3)
+    assert "\n" not in str(refused.value)
+
+
+def test_sliding_layers_and_output_dicts_are_refused_in_one_line(models):
+    model, _ = models
+    with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8)):
+        with pytest.raises(snapkv.InputError, match="^return_dict_in_generate"):
+            model.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3,
+                           return_dict_in_generate=True)
+    gemma2 = build(READ["gemma2"])
+    with torch.no_grad(), snapkv.compress(gemma2, snapkv.SnapKV(budget=40, window=8)):
+        with pytest.raises(snapkv.InputError, match="^speculative decoding: the sliding-window layers"):
+            gemma2.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3)
