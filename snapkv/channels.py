@@ -34,6 +34,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .architectures import AttentionForm
+from .errors import InputError
 from .select import attention_softmax, model_logits
 
 
@@ -56,7 +57,6 @@ class KeyChannelLayer(DynamicLayer):
 
     snapkv_layer = True    # a layer the compression hooks accept in a cache
     attends_itself = True  # the hooks route its attention to ``attend`` (snapkv.ragged.headwise_attention)
-    is_croppable = False
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, channels: torch.Tensor):
         """``keys``/``values`` ``[rows, kv_heads, L, d]`` whole; ``channels`` ``[rows, kv_heads, d_kept]``: the
@@ -130,7 +130,15 @@ class KeyChannelLayer(DynamicLayer):
             setattr(self, name, getattr(self, name).repeat_interleave(repeats, dim=0))
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a cache storing fewer key channels cannot be cropped by position")
+        """Drop the last ``-tokens_to_remove`` appended tokens (transformers' ``crop(-n)``): their kept channels, their
+        other channels and their values. Only appended tokens can go (one line otherwise)."""
+        tokens, appended = -tokens_to_remove, self.extra.shape[-2]
+        if tokens_to_remove > 0 or tokens > appended:
+            raise InputError(f"crop({tokens_to_remove}): a layer storing fewer key channels can drop only the "
+                             f"{appended} tokens appended after its prompt")
+        if tokens:
+            self.keys, self.values = self.keys[:, :, :-tokens], self.values[:, :, :-tokens]
+            self.extra = self.extra[:, :, :-tokens]
 
 
 def kept_channels(cache) -> list[list[list[torch.Tensor]]]:

@@ -308,9 +308,7 @@ class CompressionSession:
         for cfg in self.cfgs:
             if not cfg.compresses:
                 continue
-            kind = ("each head keeps its own slots" if cfg.head_adaptive else
-                    "its prompt keys keep fewer channels" if cfg.stores_key_channels else
-                    "it cuts the cache while decoding" if cfg.decodes else None)
+            kind = "it cuts the cache while decoding" if cfg.decodes else None
             if kind:
                 return f"{cfg.method}: speculative decoding cannot roll back its cache yet ({kind}); decode without it"
         if any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers):

@@ -35,6 +35,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .architectures import AttentionForm
+from .errors import InputError
 from .select import attention_softmax, model_logits
 
 HEADWISE_ATTENTION = "snapkv_headwise"
@@ -200,7 +201,13 @@ class RaggedLayer(DynamicLayer):
         self.batch_select_indices(torch.arange(self.keys.shape[0]).repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a head-adaptive cache cannot be cropped by position")
+        """Drop the last ``-tokens_to_remove`` tokens appended to every segment (transformers' ``crop(-n)``): their
+        slots are written over by the next ones. Only appended tokens can go (one line otherwise)."""
+        tokens = -tokens_to_remove
+        if tokens_to_remove > 0 or tokens > self.filled:
+            raise InputError(f"crop({tokens_to_remove}): a head-adaptive layer can drop only the {self.filled} tokens "
+                             "appended since its cut")
+        self.filled -= tokens
 
 
 def headwise_attention(module, query, key, value, attention_mask, snapkv_layer: RaggedLayer = None,
