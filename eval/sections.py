@@ -228,6 +228,19 @@ class BenchPrefillMemorySection:
 
 
 @dataclass
+class BenchSpeculativeSection:
+    enabled: bool = False
+    lengths: List[int] = field(default_factory=lambda: [512, 1536])
+    methods: List[str] = field(default_factory=lambda: ["snapkv"])
+    budget: int = 256
+    decode_tokens: int = 64
+    lookup_tokens: int = 10
+    draft_model: Optional[str] = None
+    item: int = 0
+    data_dir: str = "eval/data/longbench_sample"
+
+
+@dataclass
 class BenchSection:
     lengths: List[int] = field(default_factory=lambda: [1024, 4096])
     budgets: List[int] = field(default_factory=lambda: [1024])
@@ -252,6 +265,7 @@ class BenchSection:
     batching: BenchBatchingSection = field(default_factory=BenchBatchingSection)
     long_generation: BenchLongGenerationSection = field(default_factory=BenchLongGenerationSection)
     prefill_memory: BenchPrefillMemorySection = field(default_factory=BenchPrefillMemorySection)
+    speculative: BenchSpeculativeSection = field(default_factory=BenchSpeculativeSection)
 
 
 @dataclass

@@ -399,3 +399,21 @@ def test_the_prefill_memory_section_reports_bytes_per_token_time_and_plans(tmp_p
     with pytest.raises(InputError, match="bench.prefill_memory.lengths"):
         run(compose("bench", ["bench.prefill_memory.enabled=true", "bench.prefill_memory.lengths=[1024]",
                               f"output_dir={tmp_path}/bad"]))
+
+
+def test_the_speculative_section_compares_greedy_lookup_and_assisted_decoding(tmp_path):
+    """``bench.speculative.enabled``: per prompt length and setting, greedy, prompt lookup and assisted decoding
+    (here the model drafting for itself), their forward passes and speed, each equal to greedy."""
+    from eval.bench.__main__ import run
+    cfg = compose("bench", ["model=tiny-llama", "bench.speculative.enabled=true", "bench.speculative.lengths=[300]",
+                            "bench.speculative.budget=64", "bench.speculative.decode_tokens=12",
+                            "bench.speculative.draft_model=tiny-llama", f"output_dir={tmp_path}"])
+    result = run(cfg)
+    assert [(row["setting"], row["decoding"]) for row in result["rows"]] == [
+        (setting, way) for setting in ("FullKV", "SnapKV 64") for way in ("greedy", "prompt_lookup", "assisted")]
+    assert all(row["equals_greedy"] for row in result["rows"])
+    assert all(row["passes"] == 12 for row in result["rows"] if row["decoding"] == "greedy")
+    assert (tmp_path / "speculative.md").read_text().startswith("# Speculative decoding over compressed caches")
+    with pytest.raises(InputError, match="bench.speculative.lengths: 100000 tokens"):
+        run(compose("bench", ["model=tiny-llama", "bench.speculative.enabled=true",
+                              "bench.speculative.lengths=[100000]", f"output_dir={tmp_path}/bad"]))

@@ -1,6 +1,8 @@
 """python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from snapkv.errors import InputError, check_int
 
 from omegaconf import DictConfig, OmegaConf
@@ -234,8 +236,35 @@ def run_prefill_memory(cfg: DictConfig) -> dict:
     return result
 
 
+def run_speculative(cfg: DictConfig) -> dict:
+    """``bench.speculative.enabled``: greedy against prompt-lookup and assisted decoding over full and compressed
+    caches (``eval.bench.speculative``)."""
+    from ..hydra_app import make_compressor, save_run_metadata
+    from ..runner import load_model
+    from . import speculative as sp
+    node = cfg.bench.speculative
+    sp.settings_of(node)  # every setting valid before the model loads
+    out = output_dir(cfg)
+    save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.speculative": OmegaConf.to_container(node)})
+    device = resolve_device(cfg)
+    model, tokenizer = load_model(cfg.model, device)
+    draft = None
+    if node.draft_model:
+        draft_cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "model" / f"{node.draft_model}.yaml")
+        draft, _ = load_model(draft_cfg, device, with_tokenizer=False)
+    result = sp.measure_speculative(model, tokenizer, node, draft)
+    result.update(model=cfg.model.name, draft_model=node.draft_model, device=str(device))
+    write_json_atomic(out / "speculative.json", result)
+    title = f"Speculative decoding over compressed caches: {cfg.model.name} on {device}"
+    (out / "speculative.md").write_text(sp.markdown(result, title), encoding="utf-8")
+    print((out / "speculative.md").read_text())
+    return result
+
+
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    if cfg.bench.get("speculative") is not None and cfg.bench.speculative.enabled:
+        return run_speculative(cfg)
     if cfg.bench.get("prefill_memory") is not None and cfg.bench.prefill_memory.enabled:
         return run_prefill_memory(cfg)
     if cfg.bench.get("sweep") is not None and cfg.bench.sweep.enabled:
