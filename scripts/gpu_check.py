@@ -56,7 +56,8 @@ from snapkv.select import snapkv_scores, top_positions  # noqa: E402
 GIB = 2**30
 # Seconds per section in the full mode (the smoke mode gives each a quarter of these).
 BUDGETS_S = {"environment": 20, "exactness": 70, "speed": 60, "memory": 120, "long_context": 140,
-             "shared_prefill": 50, "head_adaptive": 40, "items": 90, "long_generation": 240, "prefill_limit": 150}
+             "shared_prefill": 50, "head_adaptive": 40, "items": 90, "long_generation": 240, "prefill_limit": 150,
+             "speculative": 120}
 TABLE1 = [snapkv.FullKV(), snapkv.SnapKV(budget=1024), snapkv.SnapKV(budget=2048),
           snapkv.SnapKV(budget=4096), snapkv.H2O(budget=4096)]
 
@@ -645,6 +646,28 @@ def section_long_generation(mode: Mode, clock: Clock) -> dict:
     return {"model": f"random LWM-7B shape, {mode.dtype}", **result}
 
 
+def section_speculative(mode: Mode, clock: Clock) -> dict:
+    """The SnapKV paper's section 5 (docs/decoding.md): greedy against prompt-lookup decoding and assisted generation
+    (a 2-layer random draft of the same vocabulary) on the LWM-7B shape, full KV against SnapKV 1024, on prompts that
+    repeat a random block (so the lookup finds drafts): forward passes, tokens/s, each equal to greedy. On a GPU a
+    verification pass costs about what one token does, so fewer passes are a real speed-up."""
+    from types import SimpleNamespace
+
+    from eval.bench.speculative import measure_speculative
+    model = lwm_model(mode)
+    vocab = mode.lwm["vocab_size"]
+    draft = build_model({**mode.lwm, "num_hidden_layers": 2}, mode, _LWM_MODELS["attn"])
+    lengths = [256, 1024] if mode.smoke else [4096, 16384]
+    by_length = {}
+    for length in lengths:
+        block = tokens(1, 512 if not mode.smoke else 64, vocab, mode.device, seed=31)
+        by_length[length] = block.repeat(1, length // block.shape[1] + 1)[:, :length]
+    node = SimpleNamespace(decode_tokens=16 if mode.smoke else 128, lookup_tokens=10, methods=["snapkv"],
+                           budget=mode.scaled(snapkv.SnapKV(budget=1024)).budget)
+    result = measure_speculative(model, by_length, node, draft)
+    return {"model": f"random LWM-7B shape, {mode.dtype}; draft: its first 2 layers' shape", **result}
+
+
 def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
     """The longest prompt this device holds with the chunked prefill (``snapkv.prefill``): LWM-7B's shape, SnapKV
     1024 (window 16, kernel 5), planned on the device's memory, then prefilled at doubling lengths as long as the
@@ -705,7 +728,8 @@ def section_prefill_limit(mode: Mode, clock: Clock) -> dict:
 SECTIONS = {"environment": section_environment, "exactness": section_exactness, "speed": section_speed,
             "memory": section_memory, "long_context": section_long_context, "shared_prefill": section_shared_prefill,
             "head_adaptive": section_head_adaptive, "items": section_items,
-            "long_generation": section_long_generation, "prefill_limit": section_prefill_limit}
+            "long_generation": section_long_generation, "prefill_limit": section_prefill_limit,
+            "speculative": section_speculative}
 
 
 # -- report ------------------------------------------------------------------------------------

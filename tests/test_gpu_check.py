@@ -38,6 +38,9 @@ def test_smoke_runs_every_section(tmp_path):
     rows = sections["long_generation"]["result"]["rows"]
     assert [row["method"] for row in rows] == ["full", "knorm", "streamingllm", "tova", "adakv"]
     assert all(row["final_kv_bytes"] < rows[0]["final_kv_bytes"] and row["decode_cuts"] > 0 for row in rows[1:])
+    speculative = sections["speculative"]["result"]["rows"]
+    assert {row["decoding"] for row in speculative} == {"greedy", "prompt_lookup", "assisted"}
+    assert all(row["equals_greedy"] for row in speculative)
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
 
 

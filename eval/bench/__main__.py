@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from snapkv.errors import InputError, check_int
 
 from omegaconf import DictConfig, OmegaConf
@@ -252,7 +254,7 @@ def run_speculative(cfg: DictConfig) -> dict:
     if node.draft_model:
         draft_cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "model" / f"{node.draft_model}.yaml")
         draft, _ = load_model(draft_cfg, device, with_tokenizer=False)
-    result = sp.measure_speculative(model, tokenizer, node, draft)
+    result = sp.measure_speculative(model, sp.prompts(tokenizer, node, torch.device(device)), node, draft)
     result.update(model=cfg.model.name, draft_model=node.draft_model, device=str(device))
     write_json_atomic(out / "speculative.json", result)
     title = f"Speculative decoding over compressed caches: {cfg.model.name} on {device}"

@@ -66,15 +66,15 @@ def generate_once(model, cfg, ids: torch.Tensor, decode_tokens: int, **speculati
     return out[0, ids.shape[1]:], len(calls), seconds
 
 
-def measure_speculative(model, tokenizer, node, draft=None) -> dict:
+def measure_speculative(model, by_length: dict, node, draft=None) -> dict:
+    """Every row (module docstring) for the prompts ``by_length`` (length -> ids ``[1, length]``)."""
     settings = settings_of(node)
-    device = next(model.parameters()).device
     decode_tokens = int(node.decode_tokens)
     ways = {"greedy": {}, "prompt_lookup": {"prompt_lookup_num_tokens": int(node.lookup_tokens)}}
     if draft is not None:
         ways["assisted"] = {"assistant_model": draft}
     rows = []
-    for length, ids in prompts(tokenizer, node, device).items():
+    for length, ids in by_length.items():
         for cfg in settings:
             greedy = None
             for way, speculation in ways.items():
@@ -88,12 +88,14 @@ def measure_speculative(model, tokenizer, node, draft=None) -> dict:
                              "speedup_vs_greedy": round(greedy[1] / seconds, 3),
                              "equals_greedy": bool(torch.equal(tokens, greedy[0]))})
     return {"decode_tokens": decode_tokens, "lookup_tokens": int(node.lookup_tokens), "budget": int(node.budget),
-            "item": int(node.item), "rows": rows}
+            "item": getattr(node, "item", None), "rows": rows}
 
 
 def markdown(result: dict, title: str) -> str:
+    source = "repetitive random prompts" if result["item"] is None else f"multi_news item {result['item']}"
     lines = [f"# {title}", "",
-             f"multi_news item {result['item']}, {result['decode_tokens']} tokens written greedily; prompt lookup of "
+             f"{source}, "
+             f"{result['decode_tokens']} tokens written greedily; prompt lookup of "
              f"{result['lookup_tokens']} tokens; the compressed settings at budget {result['budget']}. Passes: the "
              "target model's forward passes (the prefill included); seconds: the whole generation.", "",
              "| prompt tokens | setting | decoding | passes | tokens/pass | seconds | tokens/s | vs greedy | "
