@@ -237,9 +237,10 @@ class CompressionSession:
         self.question_tokens = question_tokens
         self.layers = decoder_layers(model)
         self._rotary = getattr(self.decoder, "rotary_emb", None)
-        slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
+        # whether the model has sliding-window layers (each module's probe, once)
+        self._slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
         for one in cfgs:
-            if one.compresses and (one.rerotates_keys or one.scores_after_prefill) and slides:
+            if one.compresses and (one.rerotates_keys or one.scores_after_prefill) and self._slides:
                 what = ("re-rotated keys need every layer cut to the same tokens" if one.rerotates_keys else
                         "its replay scores every layer's whole prompt after the prefill")
                 raise InputError(f"{one.method}: {what}, which the sliding-window layers of "
@@ -306,12 +307,10 @@ class CompressionSession:
             return ("speculative decoding: compress_later_turns=True would compress each verification pass, drafts "
                     "included; leave it False")
         for cfg in self.cfgs:
-            if not cfg.compresses:
-                continue
-            kind = "it cuts the cache while decoding" if cfg.decodes else None
-            if kind:
-                return f"{cfg.method}: speculative decoding cannot roll back its cache yet ({kind}); decode without it"
-        if any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers):
+            if cfg.compresses and cfg.decodes:
+                return (f"{cfg.method}: speculative decoding cannot roll back its cache yet (it cuts the cache while "
+                        "decoding); decode without it")
+        if self._slides:
             return (f"speculative decoding: the sliding-window layers of model_type={self.model.config.model_type!r} "
                     "cannot roll back tokens they have evicted; decode without it")
         return None
