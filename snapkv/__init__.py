@@ -4,6 +4,7 @@ Every registered method's class is exported under its own name (``snapkv.SnapKV`
 the list is the registry's (``snapkv.METHODS``), filled by the files of ``snapkv/methods/``.
 """
 from . import methods as _methods  # noqa: F401  (each method's file registers it)
+from .cache_state import speculating, tokens_before_cut
 from .chunking import chunked_mlp
 from .errors import InputError
 from .hooks import CompressionSession, compress
@@ -20,6 +21,6 @@ SnapKVConfig = METHODS["snapkv"]  # the name the Python API contract (DESIGN.md 
 __all__ = [
     "Method", "InputError", "build_config", "METHODS", "POOLINGS", "GQA_MODES", "SnapKVConfig",
     "CompressionSession", "compress", "merge_caches", "kept_positions", "ranking_scores", "decoding_rankings",
-    "select_positions", "chunked_mlp",
+    "select_positions", "chunked_mlp", "speculating", "tokens_before_cut",
     *sorted(_METHOD_CLASSES),
 ]

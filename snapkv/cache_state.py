@@ -27,11 +27,13 @@ renumbered          False          True        ``end_pass`` after a prefill whos
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from .decoding_cuts import tokens_before_cut as tokens_before_cut_of
 from .errors import InputError
 from .method import Method
 from .timing import Ledger
@@ -87,6 +89,8 @@ class CacheState:
     ranking_scores: dict = field(default_factory=dict)  # layer -> what its cut ranked (record_scores), or None
     decoding_rankings: dict = field(default_factory=dict)  # layer -> what each of its cuts while decoding ranked
     crop_floor: int = 0                 # tokens consumed at the last compression: a crop may not go below (crop)
+    speculating: bool = False           # passes verify drafts (``speculating``): cuts while decoding wait for crop
+    pending_cuts: object = None         # a verification pass buffered past a cut's count: run them once cropped
 
     @classmethod
     def for_prefill(cls, cfg: Method, pad_mask, next_positions: torch.Tensor, q_len: int) -> "CacheState":
@@ -222,33 +226,38 @@ class CacheState:
         mask, self.cut_mask = self.cut_mask, None
         self.kept_mask = None if mask is None or bool(mask.all()) else mask
         self.pad_mask = self.kept_mask
+        self.crop_floor = self.consumed
         self.mark_compressed(cache)
 
     def crop(self, cache, tokens: int) -> None:
-        """``cache.crop(-tokens)`` as transformers calls it (assisted and prompt-lookup decoding roll back rejected
-        drafts): the last ``tokens`` slots of every layer go, and with them the positions, the consumed count and the
-        kept padding they added. Only tokens appended since the last compression can go (one line otherwise)."""
+        """``cache.crop(-tokens)`` as transformers calls it after each verification pass of assisted and prompt-lookup
+        decoding (``tokens``: its rejected drafts, maybe none): the last ``tokens`` slots of every layer go, and with
+        them the positions, the consumed count, the kept padding and the buffered tokens of cuts while decoding they
+        added; then the cuts that pass's accepted tokens make due run. A sliding-window layer (recording its past)
+        is held back to its window. Only tokens appended since the last compression (the prefill's, a merge, a cut
+        while decoding) can go (one line otherwise)."""
         if tokens > 0:
             raise InputError(f"crop({tokens}): give the tokens to remove as a negative number, as transformers does")
         tokens = -tokens
-        if tokens == 0:
-            return
-        if self.layer_segments is not None or self.layer_masks is not None:
-            raise InputError("crop: caches merged into one batch (snapkv.merge_caches) cannot be rolled back; decode "
-                             "each cache alone to speculate")
         if self.consumed - tokens < self.crop_floor:
             raise InputError(f"crop(-{tokens}): the cache was compressed after {self.crop_floor} tokens and has "
                              f"consumed {self.consumed}; only the {self.consumed - self.crop_floor} appended since "
                              "can be removed")
         for layer in cache.layers:
             layer.crop(-tokens)
-        self.consumed -= tokens
-        self.next_positions = self.next_positions - tokens
-        if self.kept_mask is not None:
-            self.kept_mask = self.kept_mask[:, :-tokens]
-            self.pad_mask = self.kept_mask
-        elif self.pad_mask is not None and not self.compressed:
-            self.pad_mask = self.pad_mask[:, :-tokens]
+        if tokens:
+            self.consumed -= tokens
+            self.next_positions = self.next_positions - tokens
+            if self.kept_mask is not None:
+                self.kept_mask = self.kept_mask[:, :-tokens]
+                self.pad_mask = self.kept_mask
+            elif self.pad_mask is not None and not self.compressed:
+                self.pad_mask = self.pad_mask[:, :-tokens]
+            for buffer in self.decoding.values():
+                buffer.drop_last(tokens)
+        pending, self.pending_cuts = self.pending_cuts, None
+        if pending is not None:
+            pending(cache)
 
     def mark_compressed(self, cache) -> None:
         if not self.compressed:
@@ -265,6 +274,39 @@ _STATE = "_snapkv_state"
 def state_of(cache) -> CacheState | None:
     """The compression state a cache carries (None: a cache no compression session has filled)."""
     return getattr(cache, _STATE, None)
+
+
+def tokens_before_cut(cache) -> int | None:
+    """How many tokens a pass on ``cache`` may carry before a cut while decoding falls inside it (its setting's
+    ``decode_interval`` less the tokens buffered since the last cut); None where the setting does not cut while
+    decoding. A speculative pass drafts at most one less (the last accepted token comes first)."""
+    state = state_of(cache)
+    if state is None or state.cfg is None or not (state.cfg.compresses and state.cfg.decodes):
+        return None
+    return tokens_before_cut_of(state.cfg, state.decoding.values())
+
+
+@contextmanager
+def speculating(cache):
+    """While it lasts, the passes on ``cache`` verify drafts (speculative decoding): each is followed by
+    ``cache.crop(-rejected)``, so a setting cutting while decoding buffers a verification pass's tokens and cuts
+    once the accepted ones are known, and sliding-window layers record their past so that a crop can restore it.
+    At the end, the sliding layers are held back to their window again."""
+    state = state_of(cache)
+    sliding = [layer for layer in cache.layers if hasattr(layer, "record_past")]
+    if state is not None:
+        state.speculating = True
+    for layer in sliding:
+        layer.activate_past_recording()
+    try:
+        yield
+    finally:
+        if state is not None:
+            state.speculating = False
+        for layer in sliding:
+            if layer.is_initialized:
+                layer.crop(0)
+            layer.record_past = False
 
 
 def set_state(cache, state: CacheState) -> None:

@@ -56,6 +56,19 @@ class DecodingBuffer:
             return hidden, (self.cos[-1][:, -1:].expand(-1, n, -1), self.sin[-1][:, -1:].expand(-1, n, -1))
         return hidden, (torch.cat(self.cos, dim=1), torch.cat(self.sin, dim=1))
 
+    def drop_last(self, tokens: int) -> None:
+        """Forget the last ``tokens`` buffered tokens (a verification pass's rejected drafts, ``CacheState.crop``)."""
+        self.steps -= tokens
+        while tokens:
+            last = self.hidden[-1].shape[1]
+            if last <= tokens:
+                del self.hidden[-1], self.cos[-1], self.sin[-1]
+                tokens -= last
+            else:
+                self.hidden[-1], self.cos[-1], self.sin[-1] = (part[:, :-tokens] for part in
+                                                               (self.hidden[-1], self.cos[-1], self.sin[-1]))
+                tokens = 0
+
     def restart(self) -> None:
         self.steps = 0
         self.hidden, self.cos, self.sin = [], [], []
@@ -75,10 +88,18 @@ class DecodingBuffer:
                 total -= over
 
 
-def due(cfg, buffer: DecodingBuffer) -> bool:
-    """Whether this pass cuts the layer (kvpress also cuts on a pass of at least ``target`` tokens)."""
-    return buffer.steps >= cfg.decode_interval or (cfg.decode_target is not None and
+def due(cfg, buffer: DecodingBuffer, by_pass: bool = True) -> bool:
+    """Whether this pass cuts the layer (kvpress also cuts on a pass of at least ``target`` tokens; ``by_pass``
+    False: by the count alone, as once a speculative pass's accepted tokens are known, ``CacheState.crop``)."""
+    return buffer.steps >= cfg.decode_interval or (by_pass and cfg.decode_target is not None and
                                                    buffer.hidden[-1].shape[1] >= cfg.decode_target)
+
+
+def tokens_before_cut(cfg, buffers) -> int:
+    """How many more tokens a setting cutting while decoding takes before its next cut (each layer's buffer counts
+    the same tokens; none yet: a whole interval). A speculative pass longer than this could be verified on a cache
+    plain decoding would have cut inside it."""
+    return cfg.decode_interval - max((buffer.steps for buffer in buffers), default=0)
 
 
 def check_buffer(cfg, rows: int, needed: int) -> None:

@@ -38,6 +38,7 @@ place where transformers must be worked around is in ``snapkv.transformers_worka
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -45,7 +46,7 @@ from transformers.cache_utils import DynamicCache
 
 from .architectures import (AttentionForm, attention_of, check_supported, decoder_layers, keep_queries, reading,
                             rotates_as_llama, stop_keeping, window_queries)
-from .cache_state import CacheState, set_state, state_of
+from .cache_state import CacheState, set_state, speculating, state_of, tokens_before_cut
 from .channels import KeyChannelLayer
 from .decoding_cuts import DecodingBuffer, check_buffer, cut_heads, due, gather_slots, in_score_order, ranked_slots
 from .errors import InputError, check_bool
@@ -280,7 +281,8 @@ class CompressionSession:
             self._chunked.attach()
         if hasattr(self.model, "generate"):
             self._generate = self.model.generate
-            self.model.generate = checked_generate(self.model, self._generate, self._speculation_refused)
+            self.model.generate = checked_generate(self.model, self._generate, self._speculation_refused,
+                                                   speculating, tokens_before_cut)
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -306,13 +308,6 @@ class CompressionSession:
         if self.compress_later_turns:
             return ("speculative decoding: compress_later_turns=True would compress each verification pass, drafts "
                     "included; leave it False")
-        for cfg in self.cfgs:
-            if cfg.compresses and cfg.decodes:
-                return (f"{cfg.method}: speculative decoding cannot roll back its cache yet (it cuts the cache while "
-                        "decoding); decode without it")
-        if self._slides:
-            return (f"speculative decoding: the sliding-window layers of model_type={self.model.config.model_type!r} "
-                    "cannot roll back tokens they have evicted; decode without it")
         return None
 
     @property
@@ -631,12 +626,34 @@ class CompressionSession:
     def _decoding_pass(self, module, args, kwargs, cache, state: CacheState) -> None:
         """A pass after the prefill of a setting that cuts while decoding (``Method.decodes``,
         ``snapkv.decoding_cuts``): buffer this layer's hidden states and, every ``decode_interval`` tokens, cut
-        the layer back to the setting's target by its own ``select``."""
+        the layer back to the setting's target by its own ``select``. A pass verifying drafts (``speculating``)
+        only buffers: the cut waits for the crop that drops the rejected ones (``_settle_cuts``)."""
         cfg, idx = state.cfg, module.layer_idx
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         buffer = state.decoding.setdefault(idx, DecodingBuffer())
         buffer.add(hidden, kwargs["position_embeddings"])
-        if due(cfg, buffer):
+        if state.speculating and hidden.shape[1] > 1:
+            if buffer.steps > cfg.decode_interval:
+                raise InputError(f"{cfg.method}: a verification pass of {hidden.shape[1]} tokens crosses the cut "
+                                 f"due after {cfg.decode_interval - buffer.steps + hidden.shape[1]} more; draft at "
+                                 "most snapkv.tokens_before_cut(cache) - 1 tokens")
+            state.pending_cuts = partial(self._settle_cuts, state=state)
+            return
+        self._cut_if_due(module, cache, state, buffer)
+
+    def _settle_cuts(self, cache, state: CacheState) -> None:
+        """After a verification pass's crop: the cuts its accepted tokens made due, layer by layer, as plain decoding
+        cut them at the end of the pass that reached the count."""
+        for layer in self.layers:
+            attn = attention_of(layer)
+            buffer = state.decoding.get(attn.layer_idx)
+            if buffer is not None:
+                self._cut_if_due(attn, cache, state, buffer, by_pass=False)
+        state.finish_decoding_cuts(cache)
+
+    def _cut_if_due(self, module, cache, state: CacheState, buffer: DecodingBuffer, by_pass: bool = True) -> None:
+        cfg, idx = state.cfg, module.layer_idx
+        if due(cfg, buffer, by_pass):
             layer = cache.layers[idx]
             length = layer.get_seq_length() if isinstance(layer, RaggedLayer) else layer.keys.shape[-2]
             target = cfg.decoding_target(int(state.next_positions.max()))

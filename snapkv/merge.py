@@ -66,6 +66,14 @@ class GrowingLayer(DynamicLayer):
         self._show()
         return self.keys, self.values
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens (transformers' ``crop(-n)``): the room they took is written over
+        by the next ones."""
+        if tokens_to_remove > 0:
+            raise InputError(f"crop({tokens_to_remove}): give the tokens to remove as a negative number")
+        self.filled += tokens_to_remove
+        self._show()
+
 
 def layout(cache) -> tuple:
     """Per layer, the heads it holds: caches merge only with caches of the same layout (a
@@ -194,6 +202,7 @@ def merge_caches(caches: list, spare_tokens: int = 0) -> DynamicCache:
         padded = padded or not bool(mask.all())
     state = CacheState(pad_mask=None, next_positions=torch.cat([s.next_positions for s in states]),
                        consumed=max(s.consumed for s in states), in_prefill=False, compressed=True,
+                       crop_floor=max(s.consumed for s in states),
                        cache_lengths={i: layer.keys.shape[-2] for i, layer in enumerate(merged.layers)},
                        layer_masks=masks if padded else None,
                        layer_segments=segments if padded and unpadded else None)

@@ -8,6 +8,8 @@ replaces; nothing else in ``snapkv`` touches transformers internals.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
@@ -91,7 +93,7 @@ def rolls_back(cache, crop) -> None:
     cache.crop = crop
 
 
-def checked_generate(model, generate, speculation_refused=lambda: None):
+def checked_generate(model, generate, speculation_refused=lambda: None, speculating=None, room=None):
     """``generate`` with the decoding strategies a compressed cache cannot follow refused (it
     replaces ``model.generate`` while a compression session is attached); speculative decoding (an
     ``assistant_model`` or ``prompt_lookup_num_tokens``) runs as ``speculative_generate``, unless
@@ -111,7 +113,7 @@ def checked_generate(model, generate, speculation_refused=lambda: None):
             reason = speculation_refused()
             if reason:
                 raise InputError(reason)
-            return speculative_generate(model, generate, args, kwargs, setting)
+            return speculative_generate(model, generate, args, kwargs, setting, speculating, room)
         return generate(*args, **kwargs)
     return run
 
@@ -119,12 +121,14 @@ def checked_generate(model, generate, speculation_refused=lambda: None):
 SPECULATION = ("assistant_model", "prompt_lookup_num_tokens")
 
 
-def speculative_generate(model, generate, args, kwargs, setting):
+def speculative_generate(model, generate, args, kwargs, setting, speculating=None, room=None):
     """Assisted or prompt-lookup decoding on a cache the session compresses: the first pass of transformers' own
     would carry the prompt and the first drafts together, and the drafts would be compressed as if they were the
     prompt. So the prompt is prefilled alone first (``generate`` of one token, the first token as plain decoding
-    writes it), then the rest is speculated on that cache, whose crops roll back the rejected drafts
-    (``CacheState.crop``). Greedy, it writes plain greedy's tokens."""
+    writes it), then the rest is speculated on that cache (inside ``speculating(cache)``), whose crops roll back the
+    rejected drafts (``CacheState.crop``). ``room(cache)``: how many tokens a pass may carry before a cut while
+    decoding falls inside it (None: no limit); the drafts are cut to one less. Greedy, it writes plain greedy's
+    tokens."""
     inputs = args[0] if args else kwargs.pop("input_ids", kwargs.pop("inputs", None))
     if inputs is None or inputs.dim() != 2 or inputs.shape[0] != 1:
         raise InputError("input_ids: speculative decoding takes one prompt of token ids [1, length]")
@@ -153,10 +157,40 @@ def speculative_generate(model, generate, args, kwargs, setting):
     # ones included: the session drops those from that pass (``repeated_prefix``)
     setattr(cache, REPEATED_PREFIX, cache.get_seq_length())
     try:
-        return generate(first, cache=cache, max_new_tokens=new_tokens - 1, min_new_tokens=max(at_least - 1, 0),
-                        **rest)
+        with (speculating(cache) if speculating else nullcontext()), \
+                capped_drafts(model, lambda: None if room is None else room(cache)):
+            return generate(first, cache=cache, max_new_tokens=new_tokens - 1, min_new_tokens=max(at_least - 1, 0),
+                            **rest)
     finally:
         setattr(cache, REPEATED_PREFIX, 0)
+
+
+@contextmanager
+def capped_drafts(model, room):
+    """While it lasts, the drafts of transformers' candidate generators (assisted and prompt-lookup decoding) are cut
+    to ``room() - 1`` tokens, so that a verification pass never crosses a cut while decoding (``room()`` None: as
+    drafted). The assistant's own cache follows: it crops to the accepted tokens before it drafts again."""
+    make = model._get_candidate_generator
+
+    def making(*args, **kwargs):
+        generator = make(*args, **kwargs)
+        draft = generator.get_candidates
+
+        def capped(input_ids, **more):
+            candidates, logits = draft(input_ids, **more)
+            most = room()
+            if most is not None:
+                keep = max(most - 1, 0)
+                candidates = candidates[:, :input_ids.shape[1] + keep]
+                logits = None if logits is None else logits[:, :keep]
+            return candidates, logits
+        generator.get_candidates = capped
+        return generator
+    model._get_candidate_generator = making
+    try:
+        yield
+    finally:
+        del model._get_candidate_generator  # the class's method is back
 
 
 REPEATED_PREFIX = "_snapkv_repeated_prefix"

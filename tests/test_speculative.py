@@ -33,6 +33,11 @@ SETTINGS = {
     "full": lambda: snapkv.build_config("full"),
     "adakv": lambda: snapkv.build_config("adakv", budget=None, ratio=0.5),               # ragged: heads' own slots
     "think": lambda: snapkv.build_config("think", budget=48, key_channel_ratio=0.5),     # fewer key channels
+    # cuts while decoding: a verification pass buffers, and cuts once its accepted tokens are known
+    "snapkv-cuts": lambda: snapkv.SnapKV(budget=40, window=8, kernel=5, decode_target=36, decode_interval=8),
+    "streamingllm-cuts": lambda: snapkv.build_config("streamingllm", budget=40, decode_target=36,
+                                                     decode_interval=5),
+    "adakv-cuts": lambda: snapkv.build_config("adakv", budget=40, window=8, decode_target=36, decode_interval=9),
 }
 
 
@@ -42,19 +47,32 @@ def passes(model):
     return calls, model.register_forward_pre_hook(lambda module, args: calls.append(1))
 
 
+def held(cache) -> tuple:
+    """What a cache holds after a generation: its reported length, each layer's tokens, the cuts while decoding."""
+    state = state_of(cache)
+    return (cache.get_seq_length(), state.next_positions.tolist(), state.decoding_cuts,
+            [layer.get_seq_length() if hasattr(layer, "segment") else layer.keys.shape[-2] for layer in cache.layers])
+
+
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_prompt_lookup_and_assisted_decoding_write_plain_greedys_tokens(models, setting):
     model, draft = models
     ids = repetitive_prompt()
+    outs, caches = {}, {}
     with torch.no_grad(), snapkv.compress(model, SETTINGS[setting]()):
-        greedy = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
-        calls, hook = passes(model)
-        lookup = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
-                                prompt_lookup_num_tokens=5)
-        hook.remove()
-        assisted = model.generate(ids, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW, assistant_model=draft)
-    assert torch.equal(lookup, greedy) and torch.equal(assisted, greedy)
-    assert len(calls) < NEW  # drafts were accepted: fewer target passes than tokens
+        for way, speculation in (("greedy", {}), ("lookup", {"prompt_lookup_num_tokens": 5}),
+                                 ("assisted", {"assistant_model": draft})):
+            caches[way] = DynamicCache(config=model.config)
+            calls, hook = passes(model)
+            outs[way] = model.generate(ids, cache=caches[way], max_new_tokens=NEW, do_sample=False,
+                                       min_new_tokens=NEW, **speculation)
+            hook.remove()
+            outs[way + " passes"] = len(calls)
+    assert torch.equal(outs["lookup"], outs["greedy"]) and torch.equal(outs["assisted"], outs["greedy"])
+    assert outs["lookup passes"] < NEW  # drafts were accepted: fewer target passes than tokens
+    # the caches hold what greedy's does: a cut while decoding counted accepted tokens only, at greedy's steps
+    assert held(caches["lookup"]) == held(caches["greedy"]) and held(caches["assisted"]) == held(caches["greedy"])
+    assert ("cuts" in setting) == (held(caches["greedy"])[2] > 0)
 
 
 def test_the_draft_model_can_be_compressed_too(models):
@@ -101,24 +119,44 @@ def test_a_crop_into_the_compressed_prompt_is_refused_in_one_line(models):
             cache.crop(-2)
 
 
-@pytest.mark.parametrize("cfg,why", [
-    (lambda: snapkv.SnapKV(budget=40, window=8, decode_target=40, decode_interval=8), "snapkv: .*while decoding"),
-])
-def test_caches_that_cannot_roll_back_yet_are_refused_in_one_line(models, cfg, why):
+def test_a_verification_pass_crossing_a_cut_while_decoding_is_refused_in_one_line(models):
+    """Drafts are cut to ``tokens_before_cut - 1``; a caller's own pass crossing the cut is refused (its later tokens
+    would be verified on a cache plain decoding had cut)."""
     model, _ = models
-    with torch.no_grad(), snapkv.compress(model, cfg()):
-        with pytest.raises(snapkv.InputError, match=f"^{why}") as refused:
-            model.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3)
+    cfg = snapkv.SnapKV(budget=40, window=8, kernel=5, decode_target=36, decode_interval=8)
+    with torch.no_grad(), snapkv.compress(model, cfg):
+        cache = DynamicCache(config=model.config)
+        model(repetitive_prompt(), cache=cache, use_cache=True)
+        assert snapkv.tokens_before_cut(cache) == 8
+        with snapkv.speculating(cache):
+            model(torch.tensor([[7, 8, 9]]), cache=cache, use_cache=True)
+            cache.crop(-1)
+            assert snapkv.tokens_before_cut(cache) == 6
+            with pytest.raises(snapkv.InputError, match=r"^snapkv: a verification pass of 7 tokens crosses the cut "
+                                                        r"due after 6 more") as refused:
+                model(torch.arange(3, 10)[None], cache=cache, use_cache=True)
     assert "\n" not in str(refused.value)
 
 
-def test_sliding_layers_and_output_dicts_are_refused_in_one_line(models):
+@pytest.mark.parametrize("name", sorted(n for n in READ if READ[n].sliding))
+def test_models_with_sliding_layers_speculate_exactly(name):
+    """A sliding-window layer records its past while speculating (transformers' ``activate_past_recording``), so a crop
+    restores the tokens its window had let go of; after, it holds its window again."""
+    model = build(READ[name])
+    ids = repetitive_prompt()
+    with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8, kernel=5)):
+        caches = [DynamicCache(config=model.config) for _ in range(2)]
+        greedy = model.generate(ids, cache=caches[0], max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
+        lookup = model.generate(ids, cache=caches[1], max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                prompt_lookup_num_tokens=5)
+    assert torch.equal(lookup, greedy)
+    assert [layer.keys.shape[-2] for layer in caches[1].layers] == [layer.keys.shape[-2] for layer in caches[0].layers]
+    assert any(getattr(layer, "is_sliding", False) and not layer.record_past for layer in caches[1].layers)
+
+
+def test_output_dicts_are_refused_in_one_line(models):
     model, _ = models
     with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8)):
         with pytest.raises(snapkv.InputError, match="^return_dict_in_generate"):
             model.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3,
                            return_dict_in_generate=True)
-    gemma2 = build(READ["gemma2"])
-    with torch.no_grad(), snapkv.compress(gemma2, snapkv.SnapKV(budget=40, window=8)):
-        with pytest.raises(snapkv.InputError, match="^speculative decoding: the sliding-window layers"):
-            gemma2.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3)
