@@ -35,6 +35,7 @@ from .batching import WINDOW, AutoSize, Entry, batch_options, cut_batches
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, free_memory, is_oom
 from .settings import claim, fingerprint
+from .speculation import drafting, load_assistant, speculation_options
 
 
 @dataclass
@@ -70,6 +71,8 @@ class PredictionTask:
     name = ""
     result_names: tuple = ()   # files or folders whose presence means a folder holds results
     splits_question = False    # its prompts mark their question part (``Prompt.question_tokens``)
+    drafting = None            # set by the engine: speculative decoding's drafters (``Runner.drafting``), for a
+                               # task running generations on a runner of its own
 
     def check(self, cfg) -> None:
         """Validate the task's fields (before any folder is claimed)."""
@@ -138,6 +141,7 @@ def run(task: PredictionTask, cfg):
                              "compressed prompt, which query_aware=false keeps out; use query_aware=true")
     items = task.items(cfg)
     together = decode_together(cfg)
+    speculation = speculation_options(cfg)
     for one in runs:
         one.out.mkdir(parents=True, exist_ok=True)
         settings = fingerprint(one.cfg, task.settings(one.cfg))
@@ -145,6 +149,7 @@ def run(task: PredictionTask, cfg):
             settings["shared_prefill.decode_together"] = True
         if not query_aware(cfg):
             settings["query_aware"] = False
+        settings.update(speculation.settings())  # greedy speculation writes greedy's tokens, but its costs differ
         batch = batch_options(cfg)
         if batch.batched:  # batched arithmetic may round differently: not the one-at-a-time records
             settings["batch.items"] = batch.items
@@ -170,6 +175,8 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     device = resolve_device(cfg)
     model, _ = load_model(cfg.model, device, with_tokenizer=False)
     runner = Runner(model, tokenizer, **chunking(cfg.model))
+    options = speculation_options(cfg)
+    runner.drafting = task.drafting = drafting(options, load_assistant(options, tokenizer, device))
     runner.token_progress = getattr(task, "token_progress", None)  # a task counting its answers' tokens as they come
     shared = len(runs) > 1
     progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),

@@ -6,13 +6,17 @@
 - ``${decoding_tag:...}``: ``""`` or ``-dt512-di128-db256``, the run tag's part for compression while decoding
   (``snapkv.method.decoding_tag``);
 - ``${query_suffix:${query_aware}}``: ``""`` or ``-query-agnostic``, the folder suffix of runs whose
-  question is appended after compression.
+  question is appended after compression;
+- ``${decoding_suffix:${decoding}}``: ``""``, ``-lookup10`` or ``-assisted10``, the folder suffix of runs decoding
+  speculatively (``eval.speculation.decoding_suffix``).
 """
 from __future__ import annotations
 
 from omegaconf import OmegaConf
 
 from snapkv.method import decoding_tag
+
+from .speculation import decoding_suffix
 
 
 def budget_unless_ratio(ratio, default):
@@ -28,6 +32,7 @@ def query_suffix(query_aware) -> str:
 
 
 for _name, _fn in (("budget_unless_ratio", budget_unless_ratio), ("size_tag", size_tag),
-                   ("query_suffix", query_suffix), ("decoding_tag", decoding_tag)):
+                   ("query_suffix", query_suffix), ("decoding_tag", decoding_tag),
+                   ("decoding_suffix", decoding_suffix)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)

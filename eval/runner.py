@@ -210,6 +210,9 @@ class Generation:
     full_kv_bytes: int = 0       # what the uncompressed cache of the same prompt holds
     decode_rows: int = 1         # the rows of the batch it decoded in (``decode_s`` is that batch's)
     decoding: dict | None = None  # a setting cutting while decoding: eval.decoding.decoding_cost
+    decode_passes: int | None = None    # the forward passes of its decoding batch (its question's excluded)
+    drafted_tokens: int | None = None   # speculative decoding: the drafts it verified, and those it accepted
+    accepted_tokens: int | None = None
 
     @property
     def decode_s_per_token(self) -> float:
@@ -224,9 +227,23 @@ class Generation:
                 "decode_tokens": len(self.tokens), "decode_rows": self.decode_rows}
         if "masked_kv_bytes" in self.storage_bytes:  # head-adaptive: what kvpress's masked cache holds
             cost["masked_kv_bytes"] = self.storage_bytes["masked_kv_bytes"]
+        if self.decode_passes is not None:
+            cost["decode_passes"] = self.decode_passes
+        if self.drafted_tokens is not None:
+            cost.update(drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens)
         if self.decoding:
             cost.update(self.decoding)
         return cost
+
+
+def speculated(member, row: int = 0) -> dict:
+    """A decoded member's passes and, where it speculated, one row's drafted and accepted tokens (``Generation``'s
+    fields)."""
+    done = member.speculated
+    out = {"decode_passes": done["passes"]}
+    if done["speculative"]:
+        out.update(drafted_tokens=done["drafted"][row], accepted_tokens=done["accepted"][row])
+    return out
 
 
 def per_row(decoding: dict | None, rows: int) -> dict | None:
@@ -316,6 +333,11 @@ class Runner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.token_kv_bytes = kv_bytes_per_token(model)
         self.token_progress = None  # n -> None after each decoding step with the tokens it kept (a bar by tokens)
+        self.drafting = None  # speculative decoding: prompt ids -> a row's drafter (eval.speculation.drafting)
+
+    def drafters(self, prompts: list[list[int]]) -> list | None:
+        """One drafter per prompt (speculative decoding), None where the runner does not speculate."""
+        return None if self.drafting is None else [self.drafting(list(prompt)) for prompt in prompts]
 
     @contextmanager
     def _compressing(self, compressors: list):
@@ -395,15 +417,16 @@ class Runner:
             storage = [storage_alternatives(cache, split) for cache in pre.caches]
             full_bytes = self.token_kv_bytes * split
 
-            def generation(i: int, tokens: list[int], decode_s: float, rows: int = 1) -> Generation:
+            def generation(i: int, tokens: list[int], decode_s: float, rows: int = 1, **more) -> Generation:
                 return Generation(tokens, input_ids.shape[1], pre.seconds, decode_s, pre.lengths[i], kv_bytes[i],
-                                  storage[i], **pre.timing(i), full_kv_bytes=full_bytes, decode_rows=rows)
+                                  storage[i], **pre.timing(i), full_kv_bytes=full_bytes, decode_rows=rows, **more)
             if decode_repeats:
                 return [generation(0, tokens, seconds) for tokens, seconds in
                         self._decode_copies(pre.caches.pop(), pre.logits, limits, decode_repeats)]
             rows = pre.logits.shape[0]
             members = [Member(cache, None if question_tokens else pre.logits.clone(),
-                              self._question(question) if question_tokens else None, rows)
+                              self._question(question) if question_tokens else None, rows,
+                              drafters=self.drafters(input_ids.tolist()))
                        for cache in pre.caches]
             pre.caches.clear()
             batches = self.decode_batches([m.cache for m in members]) if together and self._can_merge() \
@@ -411,7 +434,7 @@ class Runner:
             results = [None] * len(members)
             for batch, tokens, decode_s in decode(self.model, members, batches, limits):
                 for i, member_rows in zip(batch, tokens):
-                    results[i] = generation(i, member_rows[0], decode_s, len(batch))
+                    results[i] = generation(i, member_rows[0], decode_s, len(batch), **speculated(members[i]))
                     results[i].decoding = members[i].after
         return results
 
@@ -494,7 +517,8 @@ class Runner:
                     owners.append(_Owner(row, i, pre.lengths[i], kv_cache_bytes(cache),
                                           storage_alternatives(cache, split),
                                           timing={**pre.timing(i), "full_kv_bytes": self.token_kv_bytes * split}))
-                    members.append(Member(cache, None if question else pre.logits.clone(), question))
+                    members.append(Member(cache, None if question else pre.logits.clone(), question,
+                                          drafters=self.drafters([prompt])))
                 del pre
             caches = [m.cache for m in members]
             if together:
@@ -513,7 +537,8 @@ class Runner:
                     m = owners[k]
                     results[m.row][m.setting] = Generation(member_rows[0], len(prompts[m.row]), prefill_s, decode_s,
                                                            m.lengths, m.kv_bytes, m.storage, **m.timing,
-                                                           decode_rows=len(batch), decoding=members[k].after)
+                                                           decode_rows=len(batch), decoding=members[k].after,
+                                                           **speculated(members[k]))
         return results
 
     def _items_padded(self, prompts: list[list[int]], compressors: list, limits: Limits, together: bool,
@@ -538,7 +563,8 @@ class Runner:
         with self._compressing(compressors) as session:
             pre = self._prefill(session, ids, attention_mask=mask[:, :width], position_ids=positions)
             kv_bytes = [kv_cache_bytes(cache) // rows for cache in pre.caches]
-            members = [Member(cache, None if question else pre.logits.clone(), question, rows, mask)
+            members = [Member(cache, None if question else pre.logits.clone(), question, rows, mask,
+                              drafters=self.drafters(prompts))
                        for cache in pre.caches]
             pre.caches.clear()
             batches = self.decode_batches([m.cache for m in members]) if together and self._can_merge() else \
@@ -550,5 +576,6 @@ class Runner:
                                                      pre.lengths[i], kv_bytes[i], **pre.timing(i),
                                                      full_kv_bytes=self.token_kv_bytes * len(contexts[row]),
                                                      decode_rows=len(batch) * rows,
-                                                     decoding=per_row(members[i].after, rows))
+                                                     decoding=per_row(members[i].after, rows),
+                                                     **speculated(members[i], row))
         return results

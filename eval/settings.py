@@ -44,6 +44,7 @@ HARMLESS = {
                             # decode_together itself where it changes a record)
          "query_aware",     # the engine adds it where false (folders made before it existed stay valid)
          "batch",           # the engine adds batch.items and batch.prefill where items are in flight
+         "decoding",        # the engine adds decoding.* where it speculates (eval.speculation)
          "hydra"),          # Hydra's own node (in a composed config only)
     "model": ("name", "device_map", "mlp_chunk",  # mlp_chunk: the chunked MLP is exact
               "trained_context"),                 # a line on the needle heatmap

@@ -35,11 +35,17 @@ def fake_ruler_run(runs, tag, compressor, average, query_aware=True, complete=Fa
 MIB = 2 ** 20
 
 
-def cost(kv_mib, full_mib=64, masked_mib=None, prefill_s=2.0, compress_s=0.4, decode_s=0.75, tokens=50):
-    """A record's ``cost`` (the fields every prediction record carries)."""
+def cost(kv_mib, full_mib=64, masked_mib=None, prefill_s=2.0, compress_s=0.4, decode_s=0.75, tokens=50, passes=None,
+         drafted=None, accepted=None):
+    """A record's ``cost`` (the fields every prediction record carries; ``passes``: newer records', ``drafted`` and
+    ``accepted``: a speculative run's)."""
     out = {"prompt_tokens": 4000, "kv_cache_bytes": int(kv_mib * MIB), "full_kv_bytes": int(full_mib * MIB),
            "kept_tokens": 1000, "prefill_s": prefill_s, "prefill_settings": 49, "compress_s": compress_s,
            "decode_s": decode_s, "decode_tokens": tokens}
+    if passes is not None:
+        out["decode_passes"] = passes
+    if drafted is not None:
+        out.update(drafted_tokens=drafted, accepted_tokens=accepted)
     if masked_mib is not None:
         out["masked_kv_bytes"] = int(masked_mib * MIB)
     return out
@@ -47,9 +53,10 @@ def cost(kv_mib, full_mib=64, masked_mib=None, prefill_s=2.0, compress_s=0.4, de
 
 def two_items(share, masked=False):
     """Two records whose means are: KV ``share`` x 64 MiB of full KV's 64 MiB (kvpress: all of it where
-    ``masked``), compression 20% of the prefill, 15 ms per decoded token."""
-    return [cost(60 * share, 60, 60 if masked else None, compress_s=0.2, decode_s=1.0),
-            cost(68 * share, 68, 68 if masked else None, compress_s=0.6, decode_s=0.5)]
+    ``masked``), compression 20% of the prefill, 15 ms per decoded token (66.7 tokens/s), 0.98 passes per token
+    (plain greedy: every token but the last fed)."""
+    return [cost(60 * share, 60, 60 if masked else None, compress_s=0.2, decode_s=1.0, passes=49),
+            cost(68 * share, 68, 68 if masked else None, compress_s=0.6, decode_s=0.5, passes=49)]
 
 
 def write_records(path, records):
@@ -204,7 +211,8 @@ def test_ratio_runs_make_the_leaderboard_table_and_figure(tmp_path):
     assert not (out / "leaderboard_m_4096_agnostic_memory.png").exists()
     csv_rows = (out / "leaderboard.csv").read_text().splitlines()
     assert csv_rows[0] == ("model,length,query_aware,method,ratio,ruler_average,kv_mib,kv_share,kvpress_kv_mib,"
-                           "kvpress_kv_share,compress_overhead,decode_ms_per_token,cost_items")
+                           "kvpress_kv_share,compress_overhead,decode_ms_per_token,decode_tokens_per_s,passes_per_token,"
+                           "accepted_share,cost_items")
     assert len(csv_rows) == 1 + 1 + 3 + 3 and all(row.endswith(",,,,,,,") for row in csv_rows[1:])  # blanks
 
 
@@ -259,11 +267,12 @@ def test_leaderboard_gives_memory_overhead_decode_speed_and_kvpress_masked_bytes
     md = (out / "leaderboard.md").read_text()
     rows = {tuple(line.split(" | ")[:2]): line.split(" | ")[2:] for line in md.split("Cost per item")[1].splitlines()
             if line.startswith("| ") and "method" not in line}
-    assert rows[("| no_press (FullKV)", "0")] == ["60.0", "100.0%", "0.0%", "20.00 |"]  # one record had cost
-    assert rows[("| knorm", "0.5")] == ["32.0", "50.0%", "20.0%", "15.00 |"]
-    assert rows[("| knorm", "0.75")] == ["", "", "", " |"]                                 # no cost: blanks
+    # one record had cost, an older one: no passes
+    assert rows[("| no_press (FullKV)", "0")] == ["60.0", "100.0%", "0.0%", "20.00", "50.0", " |"]
+    assert rows[("| knorm", "0.5")] == ["32.0", "50.0%", "20.0%", "15.00", "66.7", "0.98 |"]
+    assert rows[("| knorm", "0.75")] == ["", "", "", "", "", " |"]                         # no cost: blanks
     assert rows[("| adakv_snapkv (AdaKV)", "0.5")] == ["32.0 (kvpress 64.0)", "50.0% (kvpress 100.0%)", "20.0%",
-                                                       "15.00 |"]
+                                                       "15.00", "66.7", "0.98 |"]
     assert rows[("| kvzip", "0.5")][0] == "32.0 (kvpress 64.0)"
     assert rows[("| snapkv (SnapKV, window 64, kernel 5, pooling avgpool)", "0.5")][0] == "32.0"
     known = {"no_press (FullKV)", "random (Random, window 64)", "knorm", "streaming_llm", "tova", "keydiff",
@@ -320,14 +329,15 @@ def test_ruler_and_longbench_tables_carry_the_cost_columns_blank_without_them(tm
     write_records(runs / "longbench/lwm-1m/w64/pred/narrativeqa.jsonl", [None])
     out = report(tmp_path)
     md = (out / "ruler.md").read_text()
-    assert "| m | SnapKV 1024 | 4096 | 16.0 | 25.0% | 20.0% | 15.00 |" in md
-    assert "| m | FullKV | 4096 |  |  |  |  |" in md
+    assert "| m | SnapKV 1024 | 4096 | 16.0 | 25.0% | 20.0% | 15.00 | 66.7 | 0.98 |" in md
+    assert "| m | FullKV | 4096 |  |  |  |  |  |  |" in md
     ruler_csv = list(__import__("csv").DictReader((out / "ruler.csv").open()))
     assert [(r["setting"], r["task"], r["kv_mib"]) for r in ruler_csv] == \
         [("FullKV", "average", ""), ("SnapKV 1024", "average", "16.0"), ("FullKV", "vt", ""), ("SnapKV 1024", "vt", "")]
-    ablation = {l[1]: l[-4:] for l in rows_of(out / "table_ablation.md")}
-    assert ablation["SnapKV 1024 (window 16)"] == ["16.0 (kvpress 64.0)", "25.0% (kvpress 100.0%)", "20.0%", "15.00 |"]
-    assert ablation["SnapKV 1024 (window 64)"] == ["", "", "", " |"]
+    ablation = {l[1]: l[-6:] for l in rows_of(out / "table_ablation.md")}
+    assert ablation["SnapKV 1024 (window 16)"] == ["16.0 (kvpress 64.0)", "25.0% (kvpress 100.0%)", "20.0%", "15.00",
+                                                   "66.7", "0.98 |"]
+    assert ablation["SnapKV 1024 (window 64)"] == ["", "", "", "", "", " |"]
     assert "of full KV" in (out / "table_ablation.tex").read_text()
     lb_csv = {r["setting"]: r for r in __import__("csv").DictReader((out / "table_ablation.csv").open())}
     assert lb_csv["SnapKV 1024 (window 16)"]["compress_overhead"] == "0.2" and \

@@ -160,3 +160,170 @@ def test_output_dicts_are_refused_in_one_line(models):
         with pytest.raises(snapkv.InputError, match="^return_dict_in_generate"):
             model.generate(repetitive_prompt(), max_new_tokens=4, prompt_lookup_num_tokens=3,
                            return_dict_in_generate=True)
+
+
+# -- the task harness: decoding.speculative (eval.speculation, eval.decoding.greedy_rows) -------------------------
+
+def lookup(draft_tokens=5, ngram=2):
+    from eval.speculation import PromptLookup
+    return lambda prompt: PromptLookup(prompt, draft_tokens, ngram)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_prompt_lookup_drafts_as_transformers_candidate_generator_does(seed):
+    """The reference: transformers' own ``PromptLookupCandidateGenerator`` (no logits processor), on sequences of few
+    symbols (many n-gram matches), with and without a stop id among the drafts."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+    g = torch.Generator().manual_seed(seed)
+    sequence = torch.randint(0, 6, (1, int(torch.randint(2, 60, (1,), generator=g))), generator=g)
+    draft_tokens, ngram = int(torch.randint(1, 8, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+    stop = {seed % 6} if seed % 2 else set()
+    reference = PromptLookupCandidateGenerator(torch.tensor(sorted(stop)) if stop else None, draft_tokens, ngram,
+                                               max_length=10_000)
+    expected, _ = reference.get_candidates(sequence)
+    from eval.speculation import PromptLookup
+    split = int(torch.randint(1, sequence.shape[1] + 1, (1,), generator=g))
+    ids = sequence[0].tolist()
+    mine = PromptLookup(ids[:split], draft_tokens, ngram).drafts(ids[split:], 10_000, stop)
+    assert mine == expected[0, sequence.shape[1]:].tolist()
+
+
+def harness_prompt() -> torch.Tensor:
+    base = torch.randint(3, 128, (1, 50), generator=torch.Generator().manual_seed(11))
+    return torch.cat([base, base, base[:, :30]], dim=1)
+
+
+HARNESS = {
+    "full": lambda: snapkv.FullKV(),
+    "snapkv": lambda: snapkv.SnapKV(budget=48, window=8, kernel=5),
+    "pyramidkv": lambda: snapkv.PyramidKV(budget=48, window=8, kernel=5),
+    "adakv": lambda: snapkv.build_config("adakv", budget=48, window=8),
+    "think": lambda: snapkv.build_config("think", budget=48, window=8, key_channel_ratio=0.5),
+    "snapkv-cuts": lambda: snapkv.SnapKV(budget=48, window=8, kernel=5, decode_target=44, decode_interval=8),
+    "adakv-cuts": lambda: snapkv.build_config("adakv", budget=48, window=8, decode_target=44, decode_interval=9),
+}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from eval.runner import Runner
+    from tiny_models import tiny_model
+    return Runner(tiny_model("llama-gqa"))
+
+
+def plain_and_speculative(runner, call):
+    """``call()`` without, then with prompt-lookup drafts."""
+    runner.drafting = None
+    plain = call()
+    runner.drafting = lookup()
+    try:
+        return plain, call()
+    finally:
+        runner.drafting = None
+
+
+@pytest.mark.parametrize("setting", sorted(HARNESS))
+def test_the_harness_speculates_exactly_on_every_cache_kind(runner, setting):
+    """Uniform, per-layer, head-adaptive, fewer-channel and cutting caches: the harness's own prompt-lookup loop writes
+    plain greedy's tokens in fewer passes, and the records carry passes, drafted and accepted tokens."""
+    ids = harness_prompt()
+    plain, fast = plain_and_speculative(runner, lambda: runner.generate(ids, HARNESS[setting](), 30))
+    assert fast.tokens == plain.tokens and len(plain.tokens) == 30
+    assert plain.decode_passes == 29 and plain.drafted_tokens is None
+    assert fast.decode_passes < 29 and fast.accepted_tokens > 0 and fast.drafted_tokens >= fast.accepted_tokens
+    assert fast.decode_passes + fast.accepted_tokens == 29  # each pass writes one token, plus the drafts it accepts
+    assert fast.cost()["decode_passes"] == fast.decode_passes and "accepted_tokens" in fast.cost()
+    if "cuts" in setting:  # the cuts fell where plain decoding's did, and the caches ended alike
+        assert fast.decoding == {**plain.decoding, "decode_cut_s": fast.decoding["decode_cut_s"]}
+        assert plain.decoding["decode_cuts"] > 0
+
+
+def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
+    """Settings decoded together (a merged cache) and prompts in flight (prefilled each, or as one left-padded batch):
+    every row accepts the drafts the batch's slowest row accepts, so each writes what it writes without drafts."""
+    ids = harness_prompt()
+    settings = [snapkv.FullKV(), snapkv.SnapKV(budget=48, window=8, kernel=5),
+                snapkv.PyramidKV(budget=48, window=8, kernel=5)]
+    plain, fast = plain_and_speculative(runner, lambda: runner.generate_shared(ids, settings, 20, together=True))
+    assert [g.tokens for g in fast] == [g.tokens for g in plain]
+    assert fast[0].decode_rows == 3 and fast[0].decode_passes < plain[0].decode_passes
+    other = torch.randint(3, 128, (1, 60), generator=torch.Generator().manual_seed(2)).tolist()[0]
+    prompts = [ids[0].tolist(), other * 2]
+    for prefill in ("each", "padded"):
+        plain, fast = plain_and_speculative(runner, lambda: runner.generate_items(
+            prompts, [snapkv.SnapKV(budget=48, window=8, kernel=5)], 16, stop_ids=[5], together=True,
+            prefill=prefill))
+        assert [[g.tokens for g in item] for item in fast] == [[g.tokens for g in item] for item in plain]
+        assert fast[0][0].decode_passes < plain[0][0].decode_passes
+
+
+def test_an_assistant_model_drafts_in_the_harness(runner):
+    """``speculative=assistant``: a draft model of the same vocabulary over its own cache, cropped to what the target
+    accepted: the target's tokens are plain greedy's (a copy of the target drafts well, another model badly)."""
+    import copy
+    from eval.speculation import AssistantDrafts
+    from tiny_models import tiny_model
+    ids = harness_prompt()
+    cfg = snapkv.SnapKV(budget=48, window=8, kernel=5)
+    runner.drafting = None
+    plain = runner.generate(ids, cfg, 24)
+    out = {}
+    for name, draft in (("copy", copy.deepcopy(runner.model)), ("other", tiny_model("llama-gqa", seed=1))):
+        runner.drafting = lambda prompt: AssistantDrafts(draft, prompt, 4)
+        try:
+            out[name] = runner.generate(ids, cfg, 24)
+        finally:
+            runner.drafting = None
+    assert out["copy"].tokens == plain.tokens and out["other"].tokens == plain.tokens
+    assert out["copy"].accepted_tokens > out["other"].accepted_tokens
+    assert out["copy"].decode_passes < plain.decode_passes
+
+
+def test_the_app_speculates_into_its_own_folder_and_fingerprint(tmp_path):
+    """``decoding.speculative``: the folder gets ``-lookup5``, the fingerprint ``decoding.*`` (a plain run's has none:
+    older folders stay valid), every record its passes and drafts; the tokens are the plain run's."""
+    import json
+    from conftest import compose
+    from eval.longbench.__main__ import run
+    from test_query_aware import write_rows
+    write_rows(tmp_path / "hotpotqa.jsonl")
+    base = ["model=tiny-llama", "compressor.budget=64", "compressor.window=8", "longbench.datasets=[hotpotqa]",
+            f"longbench.data_dir={tmp_path}", "longbench.max_new_tokens=12"]
+    fast = base + ["decoding.speculative=prompt_lookup", "decoding.draft_tokens=5"]
+    assert compose("longbench", fast, hydra_node=True).hydra.run.dir.endswith("/snapkv-b64-w8-k7-maxpool-mean-lookup5")
+    run(compose("longbench", fast + [f"output_dir={tmp_path}/fast"]))
+    run(compose("longbench", base + [f"output_dir={tmp_path}/plain"]))
+    settings = json.loads((tmp_path / "fast" / "settings.json").read_text())
+    assert {k: v for k, v in settings.items() if k.startswith("decoding.")} == {
+        "decoding.speculative": "prompt_lookup", "decoding.draft_tokens": 5, "decoding.ngram": 2}
+    assert not any(k.startswith("decoding.") for k in json.loads((tmp_path / "plain" / "settings.json").read_text()))
+    assisted = base + ["decoding.speculative=assistant", "decoding.assistant=tiny-llama"]  # drafting for itself
+    assert compose("longbench", assisted, hydra_node=True).hydra.run.dir.endswith("-assisted10")
+    run(compose("longbench", assisted + [f"output_dir={tmp_path}/assisted"]))
+    records = {name: [json.loads(line) for line in (tmp_path / name / "pred" / "hotpotqa.jsonl").open()]
+               for name in ("fast", "plain", "assisted")}
+    assert [r["pred"] for r in records["fast"]] == [r["pred"] for r in records["plain"]]
+    assert [r["pred"] for r in records["assisted"]] == [r["pred"] for r in records["plain"]]
+    assert all(r["cost"]["accepted_tokens"] > 0 for r in records["assisted"])
+    assert all({"decode_passes", "drafted_tokens", "accepted_tokens"} <= set(r["cost"]) for r in records["fast"])
+    assert all("drafted_tokens" not in r["cost"] and "decode_passes" in r["cost"] for r in records["plain"])
+    with pytest.raises(snapkv.InputError, match="decoding.speculative"):  # another setting: not mixed in
+        run(compose("longbench", base + [f"output_dir={tmp_path}/fast"]))
+
+
+@pytest.mark.parametrize("overrides,why", [
+    (["decoding.speculative=medusa"], r"^decoding.speculative='medusa' is not allowed"),
+    (["decoding.speculative=prompt_lookup", "decoding.draft_tokens=0"], r"^decoding.draft_tokens=0 is not allowed"),
+    (["decoding.speculative=assistant"], r"^decoding.assistant: speculative=assistant needs the draft model"),
+    (["decoding.assistant=tiny-llama"], r"^decoding.assistant='tiny-llama' is set but decoding.speculative=none"),
+    (["decoding.speculative=assistant", "decoding.assistant=nope"], r"^decoding.assistant='nope' is not a model"),
+])
+def test_bad_decoding_options_stop_in_one_line(tmp_path, overrides, why):
+    from conftest import compose
+    from eval.longbench.__main__ import run
+    from test_query_aware import write_rows
+    write_rows(tmp_path / "hotpotqa.jsonl", 1)
+    with pytest.raises(snapkv.InputError, match=why) as refused:
+        run(compose("longbench", ["model=tiny-llama", "longbench.datasets=[hotpotqa]", f"longbench.data_dir={tmp_path}",
+                                  f"output_dir={tmp_path}/out", *overrides]))
+    assert "\n" not in str(refused.value)

@@ -115,6 +115,7 @@ class LongBenchV2Task(PredictionTask):
     def _setup(self, model, tokenizer) -> None:
         from ..runner import Runner, chunking
         self.runner = Runner(model, tokenizer, **chunking(self.model_cfg))
+        self.runner.drafting = self.drafting  # the engine's speculative decoding, for the answer pass too
         self.tokenizer, self.stops = tokenizer, stop_token_ids(model, tokenizer)
 
     def prompt(self, item: Question, model, tokenizer) -> Prompt:

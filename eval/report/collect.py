@@ -34,6 +34,10 @@ def run_label(cfg: dict) -> str:
         label += " · query-agnostic"
     if (cfg.get("batch") or {}).get("items", 1) != 1:
         label += " · batched"
+    decoding = cfg.get("decoding") or {}
+    if decoding.get("speculative", "none") not in ("none", None):
+        label += (f" · prompt lookup {decoding.get('draft_tokens', 10)}" if decoding["speculative"] == "prompt_lookup"
+                  else f" · assisted by {decoding.get('assistant')} ({decoding.get('draft_tokens', 10)})")
     return label
 
 
@@ -134,13 +138,13 @@ def math_runs(root: Path) -> list[dict]:
 # What a run cost: every prediction record carries ``cost`` (absent on older records and on out-of-memory
 # ones): prompt_tokens, kv_cache_bytes, full_kv_bytes, masked_kv_bytes (head-adaptive methods and KVzip:
 # what kvpress's masked cache holds), kept_tokens, prefill_s, prefill_settings, compress_s, decode_s,
-# decode_tokens.
+# decode_tokens, decode_passes (newer records), drafted_tokens and accepted_tokens (speculative decoding).
 RECORD_FILES = ("pred/*.jsonl", "pred_e/*.jsonl", "pred/*/*.jsonl", "needle.jsonl", "lines.jsonl")
 MIB = 2 ** 20
 # The cost columns of the Markdown tables and what each CSV column holds.
-COST_COLUMNS = ("KV MiB", "of full KV", "overhead", "ms/token")
+COST_COLUMNS = ("KV MiB", "of full KV", "overhead", "ms/token", "tokens/s", "passes/token")
 COST_FIELDS = ("kv_mib", "kv_share", "kvpress_kv_mib", "kvpress_kv_share", "compress_overhead",
-               "decode_ms_per_token", "cost_items")
+               "decode_ms_per_token", "decode_tokens_per_s", "passes_per_token", "accepted_share", "cost_items")
 
 
 def record_files(run: Path, length: int | None = None) -> list[Path]:
@@ -158,8 +162,10 @@ def cost_summary(records) -> dict | None:
     ``kv_share`` (mean bytes over full KV's mean bytes), ``kvpress_kv_mib`` / ``kvpress_kv_share`` (what
     kvpress holds: the masked cache's bytes where recorded, else the cache's own), ``masked`` (some record
     gives a masked size), ``compress_overhead`` (all compression seconds over all prefill seconds),
-    ``decode_ms_per_token`` (all decoding seconds over all tokens decoded), ``prefill_s`` and
-    ``compress_s`` per item, ``cost_items``."""
+    ``decode_ms_per_token`` (all decoding seconds over all tokens decoded) and ``decode_tokens_per_s`` (its
+    inverse), ``passes_per_token`` (the decoding's forward passes over its tokens, where recorded: below one where
+    speculative decoding's drafts were accepted), ``accepted_share`` (accepted drafts over drafted ones, where it
+    speculated), ``prefill_s`` and ``compress_s`` per item, ``cost_items``."""
     costs = [r["cost"] for r in records if isinstance(r.get("cost"), dict)]
     if not costs:
         return None
@@ -178,6 +184,8 @@ def cost_summary(records) -> dict | None:
 
     kv, full, held = mean("kv_cache_bytes"), mean("full_kv_bytes"), mean("masked_kv_bytes", "kv_cache_bytes")
     prefill, compress = total("prefill_s")[0], total("compress_s")[0]
+    counted = [c for c in costs if isinstance(c.get("decode_passes"), int) and c.get("decode_tokens")]
+    drafted = sum(c.get("drafted_tokens") or 0 for c in costs)
     return {"cost_items": len(costs),
             "kv_mib": ratio(kv, MIB), "full_kv_mib": ratio(full, MIB), "kv_share": ratio(kv, full),
             "kvpress_kv_mib": ratio(held, MIB), "kvpress_kv_share": ratio(held, full),
@@ -185,7 +193,11 @@ def cost_summary(records) -> dict | None:
             "prompt_tokens": mean("prompt_tokens"), "kept_tokens": mean("kept_tokens"),
             "prefill_s": mean("prefill_s"), "compress_s": mean("compress_s"),
             "compress_overhead": ratio(compress, prefill),
-            "decode_ms_per_token": ratio(total("decode_s")[0], total("decode_tokens")[0], 1000.0)}
+            "decode_ms_per_token": ratio(total("decode_s")[0], total("decode_tokens")[0], 1000.0),
+            "decode_tokens_per_s": ratio(total("decode_tokens")[0], total("decode_s")[0]),
+            "passes_per_token": ratio(sum(c["decode_passes"] for c in counted),
+                                      sum(c["decode_tokens"] for c in counted)) if counted else None,
+            "accepted_share": ratio(sum(c.get("accepted_tokens") or 0 for c in costs), drafted) if drafted else None}
 
 
 def run_cost(run: Path, length: int | None = None) -> dict | None:
@@ -206,6 +218,9 @@ def cost_fields(cost: dict | None) -> dict:
             "kvpress_kv_share": _round(cost.get("kvpress_kv_share"), 4),
             "compress_overhead": _round(cost.get("compress_overhead"), 4),
             "decode_ms_per_token": _round(cost.get("decode_ms_per_token"), 3),
+            "decode_tokens_per_s": _round(cost.get("decode_tokens_per_s"), 2),
+            "passes_per_token": _round(cost.get("passes_per_token"), 3),
+            "accepted_share": _round(cost.get("accepted_share"), 4),
             "cost_items": cost.get("cost_items", "")}
 
 
@@ -217,7 +232,8 @@ def _mib(value) -> str:
 def cost_cells(cost: dict | None) -> list[str]:
     """A run's cost as Markdown cells (``COST_COLUMNS``), blank where it recorded none: KV MiB per item
     and its share of full KV's (with what kvpress's masked cache holds beside them, ``45.0 (kvpress
-    307.6)``, where recorded), compression overhead as a share of the prefill, decoding ms per token."""
+    307.6)``, where recorded), compression overhead as a share of the prefill, decoding ms per token, tokens per
+    second, and forward passes per token (with the share of drafts accepted where it speculated)."""
     cost = cost or {}
 
     def fmt(key, form):
@@ -227,4 +243,8 @@ def cost_cells(cost: dict | None) -> list[str]:
     if cost.get("masked"):
         mib += f" (kvpress {_mib(cost.get('kvpress_kv_mib'))})" if mib else ""
         share += f" (kvpress {fmt('kvpress_kv_share', '.1%')})" if share else ""
-    return [mib, share, fmt("compress_overhead", ".1%"), fmt("decode_ms_per_token", ".2f")]
+    passes = fmt("passes_per_token", ".2f")
+    if passes and cost.get("accepted_share") is not None:
+        passes += f" ({cost['accepted_share']:.0%} accepted)"
+    return [mib, share, fmt("compress_overhead", ".1%"), fmt("decode_ms_per_token", ".2f"),
+            fmt("decode_tokens_per_s", ".1f"), passes]

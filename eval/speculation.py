@@ -1,0 +1,188 @@
+"""Speculative decoding in the task harness (``decoding.speculative``; the SnapKV paper's section 5).
+
+Every task's greedy loop (``eval.decoding.greedy_rows``) can verify drafted tokens in one pass over the compressed
+cache, then roll back the rejected ones (``CacheState.crop``): greedy, it writes plain greedy's tokens, with fewer
+passes where drafts are accepted. Two drafters, as transformers has them:
+
+- ``prompt_lookup`` (Saxena, "Prompt Lookup Decoding", 2023; transformers' ``PromptLookupCandidateGenerator``): the
+  last ``ngram`` tokens (then fewer, down to one) of the prompt and the answer so far are looked up in that same
+  sequence; the ``draft_tokens`` tokens that followed their first occurrence are the drafts, cut before a stop id;
+- ``assistant`` (transformers' assisted generation with a fixed ``num_assistant_tokens``): a smaller model of the same
+  vocabulary (``assistant``, a ``conf/model`` name) writes ``draft_tokens`` greedily over its own full cache of the
+  prompt, which it crops to what the target accepted before it drafts again.
+
+A pass never carries more tokens than are left to write, nor more than a setting cutting while decoding takes
+before its next cut (``snapkv.tokens_before_cut``). The options count in the run's fingerprint (``decoding.*``,
+where speculative is not none) and its folder name (``-lookup10``, ``-assisted10``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from snapkv.errors import InputError, check_choice
+
+SPECULATIVE = ("none", "prompt_lookup", "assistant")
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """``cfg.decoding``, checked."""
+    speculative: str = "none"
+    draft_tokens: int = 10        # drafts a pass verifies at most (transformers: prompt_lookup_num_tokens)
+    ngram: int = 2                # prompt lookup's longest n-gram (transformers: max_matching_ngram_size)
+    assistant: str | None = None  # the draft model, a conf/model name
+
+    @property
+    def on(self) -> bool:
+        return self.speculative != "none"
+
+    def settings(self) -> dict:
+        """The fingerprint's ``decoding.*`` (none where it does not speculate: folders made before stay valid)."""
+        if not self.on:
+            return {}
+        out = {"decoding.speculative": self.speculative, "decoding.draft_tokens": self.draft_tokens}
+        if self.speculative == "prompt_lookup":
+            out["decoding.ngram"] = self.ngram
+        else:
+            out["decoding.assistant"] = self.assistant
+        return out
+
+
+def speculation_options(cfg) -> SpeculationOptions:
+    """``cfg.decoding`` checked, one line naming the field and what it allows."""
+    node = cfg.get("decoding") or {}
+    kind = node.get("speculative", "none")
+    if kind is None or kind is False:
+        kind = "none"
+    check_choice("decoding.speculative", kind, SPECULATIVE)
+    draft_tokens, ngram = (counted(node, name, default) for name, default in (("draft_tokens", 10), ("ngram", 2)))
+    assistant = node.get("assistant")
+    if kind == "assistant" and not assistant:
+        raise InputError("decoding.assistant: speculative=assistant needs the draft model, a conf/model name "
+                         "(e.g. decoding.assistant=smollm2-135m)")
+    if assistant is not None and kind != "assistant":
+        raise InputError(f"decoding.assistant={assistant!r} is set but decoding.speculative={kind}; set "
+                         "speculative=assistant or leave assistant null")
+    return SpeculationOptions(kind, draft_tokens, ngram, None if assistant is None else str(assistant))
+
+
+def counted(node, name: str, default: int) -> int:
+    value = node.get(name, default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"decoding.{name}={value!r} is not allowed; give a positive integer")
+    return value
+
+
+def decoding_suffix(node) -> str:
+    """The run folder's suffix for speculative decoding: ``""``, ``-lookup10`` or ``-assisted10``."""
+    node = node or {}
+    kind = node.get("speculative", "none") or "none"
+    if kind == "none":
+        return ""
+    tokens = node.get("draft_tokens", 10)
+    return f"-lookup{tokens}" if kind == "prompt_lookup" else f"-assisted{tokens}"
+
+
+class PromptLookup:
+    """Prompt-lookup drafts for one row: ``drafts(written, most, stop)``."""
+
+    def __init__(self, prompt: list[int], draft_tokens: int, ngram: int):
+        self.prompt, self.draft_tokens, self.ngram = list(prompt), draft_tokens, ngram
+
+    def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
+        sequence = self.prompt + written
+        length = len(sequence)
+        for size in range(min(self.ngram, length - 1), 0, -1):
+            tail = sequence[-size:]
+            for start in range(length - size + 1):
+                if sequence[start:start + size] != tail:
+                    continue
+                follow = sequence[start + size:start + size + min(self.draft_tokens, most)]
+                if not follow:
+                    continue
+                return before_stop(follow, stop)
+        return []
+
+
+def before_stop(tokens: list[int], stop) -> list[int]:
+    """The drafts before the first stop id: a stop is written as the target's own token, never verified as a draft."""
+    for k, token in enumerate(tokens):
+        if token in stop:
+            return tokens[:k]
+    return tokens
+
+
+class AssistantDrafts:
+    """A draft model's greedy drafts for one row, over its own full cache of the prompt and the accepted tokens."""
+
+    def __init__(self, model, prompt: list[int], draft_tokens: int):
+        from transformers import DynamicCache
+        self.model, self.prompt, self.draft_tokens = model, list(prompt), draft_tokens
+        self.cache, self.fed = DynamicCache(config=model.config), []
+
+    @torch.inference_mode()
+    def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
+        sequence = self.prompt + written
+        most = min(self.draft_tokens, most)
+        if most < 1:
+            return []
+        same = 0
+        for mine, theirs in zip(self.fed, sequence):
+            if mine != theirs:
+                break
+            same += 1
+        same = min(same, len(sequence) - 1)  # the last token is fed again for the next logits
+        if same < len(self.fed):
+            self.cache.crop(same - len(self.fed))
+            self.fed = self.fed[:same]
+        device = next(self.model.parameters()).device
+        feed, out = sequence[same:], []
+        while True:
+            logits = self.model(torch.tensor([feed], device=device), cache=self.cache, use_cache=True).logits[0, -1]
+            self.fed += feed
+            token = int(logits.argmax())
+            if token in stop:
+                break
+            out.append(token)
+            if len(out) == most:
+                break
+            feed = [token]
+        return out
+
+
+def drafting(options: SpeculationOptions, assistant=None):
+    """``prompt ids -> a row's drafter`` for ``options`` (None: no speculation); ``assistant``: the loaded draft
+    model for ``speculative=assistant``."""
+    if options.speculative == "prompt_lookup":
+        return lambda prompt: PromptLookup(prompt, options.draft_tokens, options.ngram)
+    if options.speculative == "assistant":
+        return lambda prompt: AssistantDrafts(assistant, prompt, options.draft_tokens)
+    return None
+
+
+def assistant_config(name: str):
+    """The ``conf/model`` node of a draft model."""
+    from omegaconf import OmegaConf
+    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise InputError(f"decoding.assistant={name!r} is not a model config; choose one of {', '.join(names)}")
+    return OmegaConf.load(path)
+
+
+def load_assistant(options: SpeculationOptions, target_tokenizer, device):
+    """The draft model of ``speculative=assistant`` (None otherwise); its vocabulary must be the target's."""
+    if options.speculative != "assistant":
+        return None
+    from .runner import load_model
+    model, tokenizer = load_model(assistant_config(options.assistant), device)
+    if tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise InputError(f"decoding.assistant={options.assistant}: its tokenizer's vocabulary is not the target "
+                         "model's; a draft model must share it")
+    model.eval()
+    return model
