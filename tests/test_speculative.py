@@ -250,7 +250,7 @@ def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
     other = torch.randint(3, 128, (1, 60), generator=torch.Generator().manual_seed(2)).tolist()[0]
     prompts = [ids[0].tolist(), other * 2]
     for prefill in ("each", "padded"):
-        plain, fast = plain_and_speculative(runner, lambda: runner.generate_items(
+        plain, fast = plain_and_speculative(runner, lambda prefill=prefill: runner.generate_items(
             prompts, [snapkv.SnapKV(budget=48, window=8, kernel=5)], 16, stop_ids=[5], together=True,
             prefill=prefill))
         assert [[g.tokens for g in item] for item in fast] == [[g.tokens for g in item] for item in plain]
@@ -269,7 +269,7 @@ def test_an_assistant_model_drafts_in_the_harness(runner):
     plain = runner.generate(ids, cfg, 24)
     out = {}
     for name, draft in (("copy", copy.deepcopy(runner.model)), ("other", tiny_model("llama-gqa", seed=1))):
-        runner.drafting = lambda prompt: AssistantDrafts(draft, prompt, 4)
+        runner.drafting = lambda prompt, draft=draft: AssistantDrafts(draft, prompt, 4)
         try:
             out[name] = runner.generate(ids, cfg, 24)
         finally:
