@@ -238,6 +238,16 @@ def test_the_harness_speculates_exactly_on_every_cache_kind(runner, setting):
         assert plain.decoding["decode_cuts"] > 0
 
 
+@pytest.mark.parametrize("name", ["gemma2", "cohere2"])
+def test_the_harness_speculates_on_models_with_sliding_layers(name):
+    """A sliding layer records its past while the harness speculates, and holds its window again after."""
+    from eval.runner import Runner
+    sliding = Runner(build(READ[name]))
+    ids = repetitive_prompt()
+    plain, fast = plain_and_speculative(sliding, lambda: sliding.generate(ids, snapkv.SnapKV(budget=40, window=8), 24))
+    assert fast.tokens == plain.tokens and fast.accepted_tokens > 0
+
+
 def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
     """Settings decoded together (a merged cache) and prompts in flight (prefilled each, or as one left-padded batch):
     every row accepts the drafts the batch's slowest row accepts, so each writes what it writes without drafts."""

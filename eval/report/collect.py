@@ -142,6 +142,10 @@ def math_runs(root: Path) -> list[dict]:
 RECORD_FILES = ("pred/*.jsonl", "pred_e/*.jsonl", "pred/*/*.jsonl", "needle.jsonl", "lines.jsonl")
 MIB = 2 ** 20
 # The cost columns of the Markdown tables and what each CSV column holds.
+COST_NOTE = ("the KV cache right after the prefill in MiB and as a share of full KV's (kvpress's masked cache beside "
+             "it for head-adaptive methods and KVzip), compression time as a share of the prefill's, decoding ms per "
+             "generated token and tokens per second, forward passes per generated token (below 1 where speculative "
+             "decoding's drafts were accepted, with the share accepted); blank where a run recorded none.")
 COST_COLUMNS = ("KV MiB", "of full KV", "overhead", "ms/token", "tokens/s", "passes/token")
 COST_FIELDS = ("kv_mib", "kv_share", "kvpress_kv_mib", "kvpress_kv_share", "compress_overhead",
                "decode_ms_per_token", "decode_tokens_per_s", "passes_per_token", "accepted_share", "cost_items")

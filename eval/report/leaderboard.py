@@ -23,7 +23,7 @@ import matplotlib.ticker  # noqa: E402
 
 from .. import leaderboard as protocol
 from ..plotting import line_styles, save_figure
-from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields, label_of
+from .collect import COST_COLUMNS, COST_FIELDS, COST_NOTE, cost_cells, cost_fields, label_of
 
 FULL = f"{protocol.KVPRESS_NAMES['full']} (FullKV)"
 PARTIAL = "_partial"  # a board's (method, ratio) cells averaged over fewer than RULER's 13 tasks
@@ -180,9 +180,7 @@ def _cost_table(board: dict, order: list[str], costs: dict) -> list[str]:
     """Per (method, ratio), the mean over the items run: KV cache bytes right after the prefill and their
     share of full KV's (kvpress's masked cache beside them where the method masks there), compression
     time over prefill time, decoding ms per token; blank where a run recorded no cost."""
-    md = ["Cost per item (mean over the items run): the KV cache right after the prefill in MiB and as a share",
-          "of full KV's (for head-adaptive methods and KVzip, what kvpress's masked cache holds beside it), the",
-          "compression's time as a share of the prefill's, decoding milliseconds per generated token.", "",
+    md = ["Cost per item (mean over the items run): " + COST_NOTE, "",
           "| method | ratio | " + " | ".join(COST_COLUMNS) + " |", "|---|---|" + "---|" * len(COST_COLUMNS)]
     for name in order:
         for x in sorted(board[name]):

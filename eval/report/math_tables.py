@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from ..math.score import MATH_VERIFY_MISSING
-from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields
+from .collect import COST_COLUMNS, COST_FIELDS, COST_NOTE, cost_cells, cost_fields
 
 
 def _percent(value) -> str:
@@ -23,8 +23,7 @@ def write_math_tables(runs: list[dict], out: Path) -> list[Path]:
           "kvpress accuracy: kvpress's own scorer (the boxed text as a string: the last `boxed{` for AIME25, the",
           "first for MATH-500, up to the first `}`). math-verify accuracy: mathematical equivalence by",
           "Hugging Face's math-verify. Items that ran out of memory are counted, not scored; cut: answers that",
-          "reached max_new_tokens. Cost: per item, the KV cache right after the prefill (MiB, share of full KV),",
-          "compression overhead, decoding ms per token.", "",
+          "reached max_new_tokens. Cost: per item, " + COST_NOTE, "",
           "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     rows = []
     for r in runs:

@@ -8,7 +8,7 @@ import csv
 from pathlib import Path
 
 from ..ruler.generate import TASKS
-from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields
+from .collect import COST_COLUMNS, COST_FIELDS, COST_NOTE, cost_cells, cost_fields
 
 
 def _cell(value, note: str = "") -> str:
@@ -46,10 +46,8 @@ def write_ruler_tables(runs: list[dict], out: Path) -> list[Path]:
             rows += [{"model": r["model"], "setting": r["label"], "length": n, "task": task, "score": v}
                      for n, v in zip(lengths, values) if v is not None]
     if any(cost for r in runs for cost in (r.get("cost_by_length") or {}).values()):
-        md += ["", "## Cost", "", "Per item, the mean over the samples run: the KV cache right after the prefill in "
-               "MiB and as a share of full KV's (kvpress's masked cache beside it for head-adaptive methods and "
-               "KVzip), compression time as a share of the prefill's, decoding ms per generated token; blank where a "
-               "run recorded none.", "", "| model | setting | length | " + " | ".join(COST_COLUMNS) + " |",
+        md += ["", "## Cost", "", "Per item, the mean over the samples run: " + COST_NOTE, "",
+               "| model | setting | length | " + " | ".join(COST_COLUMNS) + " |",
                "|---|---|---|" + "---|" * len(COST_COLUMNS)]
         for r in runs:
             for n in lengths:

@@ -9,7 +9,7 @@ import csv
 from pathlib import Path
 
 from ..longbench.data import PAPER_DATASETS
-from .collect import COST_COLUMNS, COST_FIELDS, cost_cells, cost_fields
+from .collect import COST_COLUMNS, COST_FIELDS, COST_NOTE, cost_cells, cost_fields
 
 PAPER_TSV = Path(__file__).resolve().parent.parent / "data" / "snapkv_paper_table1.tsv"
 PAPER_MODEL = {"lwm-1m": "LWM-Text-Chat-1M", "longchat-7b-32k": "LongChat-7b-v1.5-32k",
@@ -140,9 +140,7 @@ def write_table(rows: list[dict], out: Path, name: str, caption: str, columns=No
            "", "Missing cells (–) were not run; they are never counted as 0. A cell followed by (scored/rows, "
            "OOM) was computed from fewer rows than the dataset holds."]
     if extra:
-        md += ["", "Cost per item (mean over the rows run): the KV cache right after the prefill in MiB and as a share "
-               "of full KV's (kvpress's masked cache beside it for head-adaptive methods and KVzip), compression time "
-               "as a share of the prefill's, decoding ms per generated token; blank where a run recorded none."]
+        md += ["", "Cost per item (mean over the rows run): " + COST_NOTE]
     paths = [out / f"{name}.md", out / f"{name}.csv", out / f"{name}.tex"]
     paths[0].write_text("\n".join(md) + "\n", encoding="utf-8")
     with paths[1].open("w", newline="", encoding="utf-8") as f:
