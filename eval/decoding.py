@@ -72,7 +72,7 @@ def decode(model, members: list[Member], batches: list[list[int]], limits: Limit
         for member in (members[k] for k in batch):
             rows = slice(first, first + member.rows)
             per_member.append(decoded.tokens[rows])
-            member.speculated = {"passes": decoded.passes, "speculative": drafters is not None,
+            member.speculated = {"passes": decoded.passes[rows], "speculative": drafters is not None,
                                  "drafted": decoded.drafted[rows], "accepted": decoded.accepted[rows]}
             member.after = decoding_cost(member.cache)
             member.cache = member.logits = member.drafters = None
@@ -94,10 +94,11 @@ def decoding_cost(cache) -> dict | None:
 
 @dataclass
 class Decoded:
-    """What ``greedy_rows`` wrote: each row's tokens, the batch's forward passes, and per row the drafts it verified
-    and accepted (speculative decoding; zero otherwise)."""
+    """What ``greedy_rows`` wrote, per row: its tokens, the forward passes run while it was writing (a row's tokens
+    less one, less the drafts it accepted), the drafts it verified and those it accepted (speculative decoding;
+    zero otherwise)."""
     tokens: list[list[int]]
-    passes: int = 0
+    passes: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
 
@@ -118,7 +119,7 @@ def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits,
     back by the same count for all (``CacheState.crop``)."""
     stop, total = limits.stop, logits.shape[0]
     rows = total // groups
-    out = Decoded([[] for _ in range(total)], 0, [0] * total, [0] * total)
+    out = Decoded([[] for _ in range(total)], [0] * total, [0] * total, [0] * total)
     tokens = out.tokens
     done = [False] * total
     finished = [False] * groups
@@ -145,6 +146,8 @@ def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits,
             limits.progress(kept)
         return kept
 
+    if limits.max_new_tokens < 1:
+        return out
     speculation = snapkv.speculating(cache) if drafters else nullcontext()
     with weight_major_linears(model) if weight_major else nullcontext(), speculation:
         while True:
@@ -173,9 +176,12 @@ def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits,
                 steps = torch.arange(-width, 1, device=mask.device)
                 extra.update(attention_mask=mask, position_ids=mask.sum(dim=1, keepdim=True) - 1 + steps)
             scores = model(feed, cache=cache, use_cache=True, **extra).logits
-            out.passes += 1
+            for row in alive:
+                out.passes[row] += not done[row]
             if not width:
                 logits = scores[:, -1]
+                if drafters:
+                    cache.crop(0)  # a sliding layer recording its past holds its window again
                 continue
             for j in range(width + 1):
                 barred(scores[:, j], step + j)

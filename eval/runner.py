@@ -210,7 +210,7 @@ class Generation:
     full_kv_bytes: int = 0       # what the uncompressed cache of the same prompt holds
     decode_rows: int = 1         # the rows of the batch it decoded in (``decode_s`` is that batch's)
     decoding: dict | None = None  # a setting cutting while decoding: eval.decoding.decoding_cost
-    decode_passes: int | None = None    # the forward passes of its decoding batch (its question's excluded)
+    decode_passes: int | None = None    # the forward passes run while it was writing (its question's excluded)
     drafted_tokens: int | None = None   # speculative decoding: the drafts it verified, and those it accepted
     accepted_tokens: int | None = None
 
@@ -237,10 +237,10 @@ class Generation:
 
 
 def speculated(member, row: int = 0) -> dict:
-    """A decoded member's passes and, where it speculated, one row's drafted and accepted tokens (``Generation``'s
-    fields)."""
+    """One row of a decoded member: the passes run while it was writing and, where it speculated, its drafted and
+    accepted tokens (``Generation``'s fields)."""
     done = member.speculated
-    out = {"decode_passes": done["passes"]}
+    out = {"decode_passes": done["passes"][row]}
     if done["speculative"]:
         out.update(drafted_tokens=done["drafted"][row], accepted_tokens=done["accepted"][row])
     return out

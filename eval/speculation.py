@@ -13,7 +13,7 @@ passes where drafts are accepted. Two drafters, as transformers has them:
 
 A pass never carries more tokens than are left to write, nor more than a setting cutting while decoding takes
 before its next cut (``snapkv.tokens_before_cut``). The options count in the run's fingerprint (``decoding.*``,
-where speculative is not none) and its folder name (``-lookup10``, ``-assisted10``).
+where speculative is not none) and its folder name (``-lookup10``, ``-assisted10-NAME``).
 """
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ def speculation_options(cfg) -> SpeculationOptions:
     return SpeculationOptions(kind, draft_tokens, ngram, None if assistant is None else str(assistant))
 
 
+def plain_decoding_only(cfg, task: str, instead: str) -> None:
+    """A task that decodes plainly (or not at all) refuses ``decoding.speculative`` in one line."""
+    if speculation_options(cfg).on:
+        raise InputError(f"decoding.speculative={cfg.decoding.speculative}: {task} does not take it; {instead}")
+
+
 def counted(node, name: str, default: int) -> int:
     value = node.get(name, default)
     if isinstance(value, str) and value.strip().isdigit():
@@ -79,33 +85,46 @@ def counted(node, name: str, default: int) -> int:
 
 
 def decoding_suffix(node) -> str:
-    """The run folder's suffix for speculative decoding: ``""``, ``-lookup10`` or ``-assisted10``."""
+    """The run folder's suffix for speculative decoding: ``""``, ``-lookup10`` (``-lookup10-ngram3`` for another
+    n-gram) or ``-assisted10-NAME``, so runs of other options never share a folder."""
     node = node or {}
-    kind = node.get("speculative", "none") or "none"
-    if kind == "none":
+    kind = node.get("speculative", "none")
+    if kind in (None, False, "none"):
         return ""
     tokens = node.get("draft_tokens", 10)
-    return f"-lookup{tokens}" if kind == "prompt_lookup" else f"-assisted{tokens}"
+    if kind == "prompt_lookup":
+        ngram = node.get("ngram", 2)
+        return f"-lookup{tokens}" + (f"-ngram{ngram}" if str(ngram) != "2" else "")
+    return f"-assisted{tokens}-{node.get('assistant')}"
 
 
 class PromptLookup:
-    """Prompt-lookup drafts for one row: ``drafts(written, most, stop)``."""
+    """Prompt-lookup drafts for one row: ``drafts(written, most, stop)``, ``written`` the answer so far (it only
+    grows). Where each n-gram first occurs is indexed as the sequence grows (the prompt once), so a lookup costs the
+    same at any prompt length."""
 
     def __init__(self, prompt: list[int], draft_tokens: int, ngram: int):
-        self.prompt, self.draft_tokens, self.ngram = list(prompt), draft_tokens, ngram
+        self.draft_tokens, self.ngram = draft_tokens, ngram
+        self.sequence: list[int] = []
+        self.first: list[dict] = [{} for _ in range(ngram + 1)]  # n -> {n-gram: where it first starts}
+        self.prompt_length = len(prompt)
+        self._extend(prompt)
+
+    def _extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self.sequence.append(token)
+            end = len(self.sequence)
+            for size in range(1, min(self.ngram, end) + 1):
+                self.first[size].setdefault(tuple(self.sequence[end - size:]), end - size)
 
     def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
-        sequence = self.prompt + written
-        length = len(sequence)
+        self._extend(written[len(self.sequence) - self.prompt_length:])
+        sequence, length = self.sequence, len(self.sequence)
         for size in range(min(self.ngram, length - 1), 0, -1):
-            tail = sequence[-size:]
-            for start in range(length - size + 1):
-                if sequence[start:start + size] != tail:
-                    continue
-                follow = sequence[start + size:start + size + min(self.draft_tokens, most)]
-                if not follow:
-                    continue
-                return before_stop(follow, stop)
+            # the first occurrence with tokens after it: an n-gram first seen at the end has none, nor any later one
+            start = self.first[size][tuple(sequence[length - size:])] + size
+            if start < length:
+                return before_stop(sequence[start:start + min(self.draft_tokens, most)], stop)
         return []
 
 
@@ -124,6 +143,7 @@ class AssistantDrafts:
         from transformers import DynamicCache
         self.model, self.prompt, self.draft_tokens = model, list(prompt), draft_tokens
         self.cache, self.fed = DynamicCache(config=model.config), []
+        self.cache.activate_past_recording()  # a sliding-window layer can give back drafts it has let go of
 
     @torch.inference_mode()
     def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
@@ -137,9 +157,8 @@ class AssistantDrafts:
                 break
             same += 1
         same = min(same, len(sequence) - 1)  # the last token is fed again for the next logits
-        if same < len(self.fed):
-            self.cache.crop(same - len(self.fed))
-            self.fed = self.fed[:same]
+        self.cache.crop(same - len(self.fed))  # also holds a sliding layer to its window again
+        self.fed = self.fed[:same]
         device = next(self.model.parameters()).device
         feed, out = sequence[same:], []
         while True:

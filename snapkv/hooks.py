@@ -567,6 +567,8 @@ class CompressionSession:
         kept token visible (but kept padding, and the padding of merged caches), causal among the new ones."""
         hidden = kwargs["hidden_states"]
         q, length = state.query_len, layer.keys.shape[-2]
+        if getattr(layer, "is_sliding", False):  # one recording its past (speculating) attends its window only
+            length = min(length, layer.sliding_window - 1)
         visible = torch.ones(hidden.shape[0], q, length + q, dtype=torch.bool, device=hidden.device)
         visible[:, :, length:] = torch.ones(q, q, dtype=torch.bool, device=hidden.device).tril()
         if getattr(layer, "is_sliding", False):  # the model's sliding layer: its window, counted from each query
@@ -653,6 +655,8 @@ class CompressionSession:
 
     def _cut_if_due(self, module, cache, state: CacheState, buffer: DecodingBuffer, by_pass: bool = True) -> None:
         cfg, idx = state.cfg, module.layer_idx
+        if not by_pass:  # after a verification pass: what plain decoding's buffer held at the end of its last pass
+            buffer.trim(cfg.decode_buffer + 1)
         if due(cfg, buffer, by_pass):
             layer = cache.layers[idx]
             length = layer.get_seq_length() if isinstance(layer, RaggedLayer) else layer.keys.shape[-2]

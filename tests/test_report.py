@@ -22,12 +22,14 @@ def fake_run(root, model_cfg, compressor, scores, summary=None, name=None, query
         (run / "summary.json").write_text(json.dumps(summary))
 
 
-def fake_ruler_run(runs, tag, compressor, average, query_aware=True, complete=False):
-    """A RULER run of model ``m`` at 4096 tokens whose only task, vt, scored ``average``."""
+def fake_ruler_run(runs, tag, compressor, average, query_aware=True, complete=False, decoding=None):
+    """A RULER run of model ``m`` at 4096 tokens whose only task, vt, scored ``average`` (``decoding``: its
+    ``decoding`` section, a speculative run's)."""
     run = runs / "ruler" / "m" / tag
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"},
-                                                     "compressor": compressor, "query_aware": query_aware}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"task": "ruler", "model": {"name": "m"}, "compressor": compressor,
+                                                     "query_aware": query_aware, **({"decoding": decoding} if decoding
+                                                                                     else {})}))
     (run / "scores.json").write_text(json.dumps({"4096": {"tasks": {"vt": average}, "average": average,
                                                           "complete": complete, "counts": {}}}))
 
@@ -342,3 +344,24 @@ def test_ruler_and_longbench_tables_carry_the_cost_columns_blank_without_them(tm
     lb_csv = {r["setting"]: r for r in __import__("csv").DictReader((out / "table_ablation.csv").open())}
     assert lb_csv["SnapKV 1024 (window 16)"]["compress_overhead"] == "0.2" and \
         lb_csv["SnapKV 1024 (window 64)"]["kv_mib"] == ""
+
+
+def test_speculative_runs_are_labelled_apart_with_their_passes_and_accepted_drafts(tmp_path):
+    """A speculative run of a setting beside its plain run: its own label and leaderboard board (never written over
+    the plain run's cells), passes per token below one with the share of drafts accepted."""
+    runs = tmp_path / "runs"
+    setting = {"method": "knorm", "budget": None, "ratio": 0.5}
+    for tag, decoding, records in (
+            ("plain", None, [cost(32, 64, passes=49), cost(32, 64, passes=49)]),
+            ("fast", {"speculative": "prompt_lookup", "draft_tokens": 10, "ngram": 2},
+             [cost(32, 64, passes=20, drafted=100, accepted=29), cost(32, 64, passes=35, drafted=50, accepted=14)])):
+        fake_ruler_run(runs, tag, setting, 40.0, query_aware=False, decoding=decoding)
+        write_records(runs / f"ruler/m/{tag}/pred/4096/vt.jsonl", records)
+    out = report(tmp_path)
+    md = (out / "ruler.md").read_text()
+    cells = "| 4096 | 32.0 | 50.0% | 20.0% | 15.00 | 66.7 |"
+    assert f"| m | Knorm ratio 0.5 · query-agnostic · prompt lookup 10 {cells} 0.55 (29% accepted) |" in md
+    assert f"| m | Knorm ratio 0.5 · query-agnostic {cells} 0.98 |" in md
+    board = (out / "leaderboard.md").read_text()
+    assert "## m, RULER 4096 tokens" in board and "## m · prompt lookup 10, RULER 4096 tokens" in board
+    assert (out / "ruler.csv").read_text().count("0.55") == 1

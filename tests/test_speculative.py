@@ -38,6 +38,9 @@ SETTINGS = {
     "streamingllm-cuts": lambda: snapkv.build_config("streamingllm", budget=40, decode_target=36,
                                                      decode_interval=5),
     "adakv-cuts": lambda: snapkv.build_config("adakv", budget=40, window=8, decode_target=36, decode_interval=9),
+    # a buffer shorter than the interval: a cut after a verification pass reads what plain decoding's would
+    "expected_attention-cuts": lambda: snapkv.build_config("expected_attention", budget=40, decode_target=36,
+                                                           decode_interval=10, decode_buffer=6),
 }
 
 
@@ -48,10 +51,13 @@ def passes(model):
 
 
 def held(cache) -> tuple:
-    """What a cache holds after a generation: its reported length, each layer's tokens, the cuts while decoding."""
+    """What a cache holds after a generation: its reported length, each layer's tokens, the cuts while decoding, the
+    positions each head kept."""
     state = state_of(cache)
+    kept = [[[h.tolist() for h in row] for row in layer] for layer in snapkv.kept_positions(cache)]
     return (cache.get_seq_length(), state.next_positions.tolist(), state.decoding_cuts,
-            [layer.get_seq_length() if hasattr(layer, "segment") else layer.keys.shape[-2] for layer in cache.layers])
+            [layer.get_seq_length() if hasattr(layer, "segment") else layer.keys.shape[-2] for layer in cache.layers],
+            kept)
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
@@ -201,6 +207,9 @@ HARNESS = {
     "think": lambda: snapkv.build_config("think", budget=48, window=8, key_channel_ratio=0.5),
     "snapkv-cuts": lambda: snapkv.SnapKV(budget=48, window=8, kernel=5, decode_target=44, decode_interval=8),
     "adakv-cuts": lambda: snapkv.build_config("adakv", budget=48, window=8, decode_target=44, decode_interval=9),
+    # a buffer shorter than the interval: a cut after a verification pass reads what plain decoding's would
+    "expected_attention-cuts": lambda: snapkv.build_config("expected_attention", budget=48, decode_target=40,
+                                                           decode_interval=10, decode_buffer=6),
 }
 
 
@@ -246,11 +255,13 @@ def test_the_harness_speculates_on_models_with_sliding_layers(name):
     ids = repetitive_prompt()
     plain, fast = plain_and_speculative(sliding, lambda: sliding.generate(ids, snapkv.SnapKV(budget=40, window=8), 24))
     assert fast.tokens == plain.tokens and fast.accepted_tokens > 0
+    assert fast.drafted_tokens and fast.decode_passes > fast.drafted_tokens // 5  # passes without drafts came too
 
 
 def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
     """Settings decoded together (a merged cache) and prompts in flight (prefilled each, or as one left-padded batch):
-    every row accepts the drafts the batch's slowest row accepts, so each writes what it writes without drafts."""
+    every row accepts the drafts the batch's slowest row accepts, so each writes what it writes without drafts; a row
+    that stops leaves the others speculating, and is charged only the passes it wrote in."""
     ids = harness_prompt()
     settings = [snapkv.FullKV(), snapkv.SnapKV(budget=48, window=8, kernel=5),
                 snapkv.PyramidKV(budget=48, window=8, kernel=5)]
@@ -259,11 +270,17 @@ def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
     assert fast[0].decode_rows == 3 and fast[0].decode_passes < plain[0].decode_passes
     other = torch.randint(3, 128, (1, 60), generator=torch.Generator().manual_seed(2)).tolist()[0]
     prompts = [ids[0].tolist(), other * 2]
+    stop = [plain_and_speculative(runner, lambda: runner.generate(torch.tensor([other * 2]), settings[1], 8))[0]
+            .tokens[5]]  # the second prompt's sixth token: that row stops early
     for prefill in ("each", "padded"):
         plain, fast = plain_and_speculative(runner, lambda prefill=prefill: runner.generate_items(
-            prompts, [snapkv.SnapKV(budget=48, window=8, kernel=5)], 16, stop_ids=[5], together=True,
+            prompts, [snapkv.SnapKV(budget=48, window=8, kernel=5)], 16, stop_ids=stop, together=True,
             prefill=prefill))
         assert [[g.tokens for g in item] for item in fast] == [[g.tokens for g in item] for item in plain]
+        assert len(plain[1][0].tokens) <= 6 < len(plain[0][0].tokens)
+        for item in fast + plain:
+            g = item[0]
+            assert g.decode_passes + (g.accepted_tokens or 0) == len(g.tokens) - 1
         assert fast[0][0].decode_passes < plain[0][0].decode_passes
 
 
@@ -308,7 +325,9 @@ def test_the_app_speculates_into_its_own_folder_and_fingerprint(tmp_path):
         "decoding.speculative": "prompt_lookup", "decoding.draft_tokens": 5, "decoding.ngram": 2}
     assert not any(k.startswith("decoding.") for k in json.loads((tmp_path / "plain" / "settings.json").read_text()))
     assisted = base + ["decoding.speculative=assistant", "decoding.assistant=tiny-llama"]  # drafting for itself
-    assert compose("longbench", assisted, hydra_node=True).hydra.run.dir.endswith("-assisted10")
+    assert compose("longbench", assisted, hydra_node=True).hydra.run.dir.endswith("-assisted10-tiny-llama")
+    other_ngram = compose("longbench", fast + ["decoding.ngram=3"], hydra_node=True).hydra.run.dir
+    assert other_ngram.endswith("-lookup5-ngram3")  # every option apart: a sweep over one never shares a folder
     run(compose("longbench", assisted + [f"output_dir={tmp_path}/assisted"]))
     records = {name: [json.loads(line) for line in (tmp_path / name / "pred" / "hotpotqa.jsonl").open()]
                for name in ("fast", "plain", "assisted")}

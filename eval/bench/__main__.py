@@ -265,6 +265,9 @@ def run_speculative(cfg: DictConfig) -> dict:
 
 def run(cfg: DictConfig):
     from ..hydra_app import make_compressor, save_run_metadata
+    from ..speculation import plain_decoding_only
+    plain_decoding_only(cfg, "eval.bench times plain decoding",
+                        "its speculative section is bench.speculative.enabled=true")
     if cfg.bench.get("speculative") is not None and cfg.bench.speculative.enabled:
         return run_speculative(cfg)
     if cfg.bench.get("prefill_memory") is not None and cfg.bench.prefill_memory.enabled:

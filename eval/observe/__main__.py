@@ -40,6 +40,8 @@ def response_ids(runner, tokenizer, sample, observe) -> list[int]:
 
 def run(cfg: DictConfig):
     from ..runner import Runner, load_model, load_tokenizer
+    from ..speculation import plain_decoding_only
+    plain_decoding_only(cfg, "eval.observe", "leave it none (its responses are plain greedy's)")
     observe = cfg.observe
     check(observe)
     out = output_dir(cfg)

@@ -34,11 +34,20 @@ def run_label(cfg: dict) -> str:
         label += " · query-agnostic"
     if (cfg.get("batch") or {}).get("items", 1) != 1:
         label += " · batched"
-    decoding = cfg.get("decoding") or {}
-    if decoding.get("speculative", "none") not in ("none", None):
-        label += (f" · prompt lookup {decoding.get('draft_tokens', 10)}" if decoding["speculative"] == "prompt_lookup"
-                  else f" · assisted by {decoding.get('assistant')} ({decoding.get('draft_tokens', 10)})")
+    if decoding_label(cfg):
+        label += " · " + decoding_label(cfg)
     return label
+
+
+def decoding_label(cfg: dict) -> str:
+    """How a run decoded, where it speculated (``prompt lookup 10``, ``assisted by NAME (10)``); else empty."""
+    from ..speculation import speculation_options
+    options = speculation_options(cfg)
+    if options.speculative == "prompt_lookup":
+        return f"prompt lookup {options.draft_tokens}" + (f", n-grams {options.ngram}" if options.ngram != 2 else "")
+    if options.speculative == "assistant":
+        return f"assisted by {options.assistant} ({options.draft_tokens})"
+    return ""
 
 
 def run_name(root: Path, run: Path) -> str:
@@ -113,6 +122,7 @@ def ruler_runs(root: Path) -> list[dict]:
         method, budget = setting_of(cfg.get("compressor", {}))
         runs.append({"run": run, "model": cfg["model"]["name"], "method": method, "budget": budget,
                      "compressor": cfg.get("compressor", {}), "query_aware": cfg.get("query_aware", True),
+                     "decoding": decoding_label(cfg),
                      "label": run_label(cfg), "name": run_name(root, run), "by_length": by_length,
                      "cost_by_length": {n: run_cost(run, int(n)) for n in by_length},
                      "scores": {f"{n} tokens": v["average"] for n, v in by_length.items()}})

@@ -110,8 +110,9 @@ def leaderboard_points(runs: list[dict]) -> dict:
         if ratio is None:
             continue
         name = FULL if r["method"] == "full" else method_name(compressor)
+        model = r["model"] + (f" · {r['decoding']}" if r.get("decoding") else "")  # speculative runs: a board each
         for length, one in r["by_length"].items():
-            key = (r["model"], int(length), r.get("query_aware", True))
+            key = (model, int(length), r.get("query_aware", True))
             boards.setdefault(key, {}).setdefault(name, {})[float(ratio)] = one["average"]
             if not one.get("complete", True):
                 boards[key].setdefault(PARTIAL, set()).add((name, float(ratio)))

@@ -57,6 +57,14 @@ class ExpectedAttention(WholePromptMethod):
         check_bool("use_vnorm", self.use_vnorm)
         self.epsilon = check_number("epsilon", self.epsilon, 0)
 
+    def check_decoding(self) -> None:
+        super().check_decoding()
+        buffered = min(self.decode_interval, self.decode_buffer + 1) if self.decodes else None
+        if buffered is not None and buffered <= self.n_sink:  # the decoded tokens a cut reads at most
+            raise InputError(f"decode_interval={self.decode_interval}, decode_buffer={self.decode_buffer}: a cut while "
+                             f"decoding reads {buffered} buffered tokens, and expected_attention reads the queries "
+                             f"after the first n_sink={self.n_sink}; raise both above n_sink")
+
     def layer_budget(self, layer_idx: int, num_layers: int, length: int) -> int:
         # kvpress needs more tokens than sinks; a prompt of no more is kept whole
         return length if length <= self.n_sink else self.budget_for(length)
