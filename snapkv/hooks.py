@@ -499,6 +499,8 @@ class CompressionSession:
             self._store(cache, state, idx, keys, values, kept, valid, per_head,
                         self._groups[attention_of(self.layers[idx])])
         state.prompt_ids = None  # scored once
+        if state.compressed:  # cut after the pass ended: no crop may reach into the prompt
+            state.crop_floor = state.consumed
 
     @property
     def replay(self) -> Replay:

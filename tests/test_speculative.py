@@ -356,3 +356,14 @@ def test_bad_decoding_options_stop_in_one_line(tmp_path, overrides, why):
         run(compose("longbench", ["model=tiny-llama", "longbench.datasets=[hotpotqa]", f"longbench.data_dir={tmp_path}",
                                   f"output_dir={tmp_path}/out", *overrides]))
     assert "\n" not in str(refused.value)
+
+
+def test_a_crop_into_a_prompt_cut_after_its_prefill_is_refused_too():
+    """KVzip cuts once the whole prompt has been prefilled (after the pass): the floor follows that cut."""
+    from tiny_models import tiny_model
+    model = tiny_model("llama-gqa")  # its character tokenizer gives KVzip its replay prompts
+    with torch.no_grad(), snapkv.compress(model, snapkv.build_config("kvzip", budget=None, ratio=0.5)):
+        cache = DynamicCache(config=model.config)
+        model(repetitive_prompt(), cache=cache, use_cache=True)
+        with pytest.raises(snapkv.InputError, match=r"^crop\(-1\): the cache was compressed after 100 tokens"):
+            cache.crop(-1)
