@@ -157,8 +157,9 @@ class AssistantDrafts:
                 break
             same += 1
         same = min(same, len(sequence) - 1)  # the last token is fed again for the next logits
-        self.cache.crop(same - len(self.fed))  # also holds a sliding layer to its window again
-        self.fed = self.fed[:same]
+        if self.fed:
+            self.cache.crop(same - len(self.fed))  # also holds a sliding layer to its window again
+            self.fed = self.fed[:same]
         device = next(self.model.parameters()).device
         feed, out = sequence[same:], []
         while True:

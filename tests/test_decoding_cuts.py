@@ -130,7 +130,7 @@ def test_the_setting_names_itself_and_bad_values_get_one_line():
     with pytest.raises(snapkv.InputError, match=r"decode_ratio=1\.5"):
         snapkv.build_config("knorm", decode_ratio=1.5)
     # a cut reads min(interval, buffer + 1) buffered tokens; ExpectedAttention skips its first n_sink of them
-    with pytest.raises(snapkv.InputError, match=r"^decode_interval=512, decode_buffer=3: a cut while decoding reads 4 "):
+    with pytest.raises(snapkv.InputError, match=r"^decode_interval=512, decode_buffer=3: a cut while decoding reads 4"):
         snapkv.build_config("expected_attention", decode_target=64, decode_buffer=3)
     snapkv.build_config("expected_attention", decode_target=64, decode_buffer=4)  # 5 buffered tokens: one query
 

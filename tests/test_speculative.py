@@ -256,6 +256,15 @@ def test_the_harness_speculates_on_models_with_sliding_layers(name):
     plain, fast = plain_and_speculative(sliding, lambda: sliding.generate(ids, snapkv.SnapKV(budget=40, window=8), 24))
     assert fast.tokens == plain.tokens and fast.accepted_tokens > 0
     assert fast.drafted_tokens and fast.decode_passes > fast.drafted_tokens // 5  # passes without drafts came too
+    import copy
+    from eval.speculation import AssistantDrafts
+    draft = copy.deepcopy(sliding.model)  # a draft with sliding layers: its own cache records its past too
+    sliding.drafting = lambda prompt: AssistantDrafts(draft, prompt, 6)
+    try:
+        assisted = sliding.generate(ids, snapkv.SnapKV(budget=40, window=8), 24)
+    finally:
+        sliding.drafting = None
+    assert assisted.tokens == plain.tokens and assisted.accepted_tokens > 0
 
 
 def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
