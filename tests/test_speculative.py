@@ -277,6 +277,15 @@ def test_merged_caches_and_items_in_flight_speculate_exactly(runner):
     plain, fast = plain_and_speculative(runner, lambda: runner.generate_shared(ids, settings, 20, together=True))
     assert [g.tokens for g in fast] == [g.tokens for g in plain]
     assert fast[0].decode_rows == 3 and fast[0].decode_passes < plain[0].decode_passes
+    import copy
+    from eval.speculation import AssistantDrafts
+    draft = copy.deepcopy(runner.model)
+    runner.drafting = lambda prompt: AssistantDrafts(draft, prompt, 4)  # each row its own draft cache
+    try:
+        assisted = runner.generate_shared(ids, settings, 20, together=True)
+    finally:
+        runner.drafting = None
+    assert [g.tokens for g in assisted] == [g.tokens for g in plain] and assisted[1].accepted_tokens > 0
     other = torch.randint(3, 128, (1, 60), generator=torch.Generator().manual_seed(2)).tolist()[0]
     prompts = [ids[0].tolist(), other * 2]
     stop = [plain_and_speculative(runner, lambda: runner.generate(torch.tensor([other * 2]), settings[1], 8))[0]
