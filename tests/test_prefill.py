@@ -162,22 +162,26 @@ def test_hidden_states_asked_for_run_the_one_pass_prefill():
 def test_a_layers_full_keys_and_values_are_freed_once_it_is_compressed():
     model = tiny_model("llama-gqa")
     ids = torch.randint(3, 128, (1, 200), generator=torch.Generator().manual_seed(7))
-    buffers, alive_at_next_layer = {}, []
+    buffers, alive_at_next_layer = [], []
+    seen = weakref.WeakKeyDictionary()  # the layers alive: a freed layer's id may be reused by the next one
     update = PrefillLayer.update
 
     def recording(layer, key_states, value_states, *args, **kwargs):
         out = update(layer, key_states, value_states, *args, **kwargs)
-        buffers.setdefault(id(layer), weakref.ref(layer.keys))  # one buffer a layer, in layer order
+        if layer not in seen:  # one buffer a layer, in layer order
+            seen[layer] = len(buffers)
+            buffers.append(weakref.ref(layer.keys))
         return out
 
     def check(module, args, kwargs):
         if module.layer_idx and kwargs["hidden_states"].shape[1] > 1:
-            alive_at_next_layer.append(list(buffers.values())[module.layer_idx - 1]() is not None)
+            alive_at_next_layer.append(buffers[module.layer_idx - 1]() is not None)
     handles = [layer.self_attn.register_forward_pre_hook(check, with_kwargs=True) for layer in model.model.layers]
     PrefillLayer.update = recording
     try:
         with torch.no_grad(), snapkv.compress(model, small("snapkv", budget=48), prefill_chunk=50):
             buffers.clear()
+            seen.clear()
             model(ids, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
     finally:
         PrefillLayer.update = update
