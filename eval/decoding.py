@@ -178,24 +178,22 @@ def greedy_rows(model, cache, logits: torch.Tensor, groups: int, limits: Limits,
             scores = model(feed, cache=cache, use_cache=True, **extra).logits
             for row in alive:
                 out.passes[row] += not done[row]
-            if not width:
-                logits = scores[:, -1]
-                if drafters:
-                    cache.crop(0)  # a sliding layer recording its past holds its window again
-                continue
-            for j in range(width + 1):
-                barred(scores[:, j], step + j)
-            greedy = scores.argmax(dim=-1).tolist()
-            agreed = [agreeing(d, g) for d, g in zip(drafts, greedy)]
-            take = min(a for a, row in zip(agreed, alive) if not done[row])
-            for pos, row in enumerate(alive):
-                out.drafted[row] += len(drafts[pos]) if not done[row] else 0
-                out.accepted[row] += take if not done[row] else 0
-            for j in range(take):
-                write([greedy[pos][j] for pos in range(len(alive))])
-            cache.crop(-(width - take))  # also runs the cuts while decoding the accepted tokens made due
-            if mask is not None and width > take:
-                mask = mask[:, :take - width]
+            take = 0
+            if width:
+                for j in range(width + 1):
+                    barred(scores[:, j], step + j)
+                greedy = scores.argmax(dim=-1).tolist()
+                agreed = [agreeing(d, g) for d, g in zip(drafts, greedy)]
+                take = min(a for a, row in zip(agreed, alive) if not done[row])
+                for pos, row in enumerate(alive):
+                    out.drafted[row] += len(drafts[pos]) if not done[row] else 0
+                    out.accepted[row] += take if not done[row] else 0
+                for j in range(take):
+                    write([greedy[pos][j] for pos in range(len(alive))])
+            if drafters:  # after every pass, as transformers crops: the cuts the accepted tokens made due run, and
+                cache.crop(take - width)  # a sliding layer recording its past holds its window again
+                if mask is not None and width > take:
+                    mask = mask[:, :take - width]
             logits = scores[:, take]
             if all(done):
                 break

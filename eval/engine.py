@@ -35,7 +35,7 @@ from .batching import WINDOW, AutoSize, Entry, batch_options, cut_batches
 from .hydra_app import make_compressor, resolve_device, save_run_metadata, shared_group
 from .runner import Generation, free_memory, is_oom
 from .settings import claim, fingerprint
-from .speculation import drafting, load_assistant, speculation_options
+from .speculation import SpeculationOptions, drafting, load_assistant, speculation_options
 
 
 @dataclass
@@ -158,14 +158,14 @@ def run(task: PredictionTask, cfg):
         one.pending = task.open(one, items)
     if any(one.pending for one in runs):
         work = [item for item in items if any(item.key in one.pending for one in runs)]
-        execute(task, cfg, runs, work)
+        execute(task, cfg, runs, work, speculation)
     else:
         print(f"{task.name}: every record is already there" + (f" ({len(runs)} settings)" if len(runs) > 1 else ""))
     results = {str(one.out): task.finish(one) for one in runs}
     return results if len(runs) > 1 else results[str(runs[0].out)]
 
 
-def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> None:
+def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list, speculation: SpeculationOptions) -> None:
     from .runner import Runner, chunking, load_model, load_tokenizer
     tokenizer = load_tokenizer(cfg.model)
     task.prepare(cfg, tokenizer, work)
@@ -175,8 +175,7 @@ def execute(task: PredictionTask, cfg, runs: list[SettingRun], work: list) -> No
     device = resolve_device(cfg)
     model, _ = load_model(cfg.model, device, with_tokenizer=False)
     runner = Runner(model, tokenizer, **chunking(cfg.model))
-    options = speculation_options(cfg)
-    runner.drafting = task.drafting = drafting(options, load_assistant(options, tokenizer, device))
+    runner.drafting = task.drafting = drafting(speculation, load_assistant(speculation, tokenizer, device))
     runner.token_progress = getattr(task, "token_progress", None)  # a task counting its answers' tokens as they come
     shared = len(runs) > 1
     progress = Progress(tqdm(total=len(work), desc=task.name + (f" x{len(runs)} settings" if shared else ""),

@@ -107,6 +107,17 @@ def models_kept_loaded():
         _KEPT = previous
 
 
+def model_config(name: str, field: str):
+    """The ``conf/model`` node named ``name`` (a config field naming another model: a draft model, a planned one);
+    an unknown name stops with one line naming ``field`` and the configs there are."""
+    from omegaconf import OmegaConf
+    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise InputError(f"{field}={name!r} is not a model config; choose one of {', '.join(names)}")
+    return OmegaConf.load(path)
+
+
 def load_model(cfg, device: str | None = None, with_tokenizer: bool = True):
     """``(model, tokenizer)`` from a model config node (see ``conf/model/``)."""
     if _KEPT is None:

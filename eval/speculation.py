@@ -17,8 +17,8 @@ where speculative is not none) and its folder name (``-lookup10``, ``-assisted10
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -98,31 +98,59 @@ def decoding_suffix(node) -> str:
     return f"-assisted{tokens}-{node.get('assistant')}"
 
 
+def first_starts(tokens: list[int], ngram: int, ends) -> list[dict]:
+    """Per n-gram size up to ``ngram``: each n-gram of ``tokens`` ending at one of ``ends`` (exclusive) and where it
+    first starts."""
+    first = [{} for _ in range(ngram + 1)]
+    for end in ends:
+        for size in range(1, min(ngram, end) + 1):
+            first[size].setdefault(tuple(tokens[end - size:end]), end - size)
+    return first
+
+
+class PromptIndex:
+    """Where each n-gram of a prompt first starts: built once per prompt, shared by every row drafting from it (the
+    settings of a shared prefill), and freed with the last of them."""
+
+    def __init__(self, prompt: list[int], ngram: int):
+        self.tokens = list(prompt)
+        self.first = first_starts(self.tokens, ngram, range(1, len(self.tokens) + 1))
+
+
+_INDEXES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
+def prompt_index(prompt: list[int], ngram: int) -> PromptIndex:
+    key = (tuple(prompt), ngram)
+    index = _INDEXES.get(key)
+    if index is None:
+        index = _INDEXES[key] = PromptIndex(prompt, ngram)
+    return index
+
+
 class PromptLookup:
     """Prompt-lookup drafts for one row: ``drafts(written, most, stop)``, ``written`` the answer so far (it only
-    grows). Where each n-gram first occurs is indexed as the sequence grows (the prompt once), so a lookup costs the
-    same at any prompt length."""
+    grows). Where each n-gram first occurs is indexed (the prompt's once, ``PromptIndex``; those reaching into the
+    answer as it grows), so a lookup costs the same at any prompt length. An n-gram inside the prompt starts before
+    any reaching into the answer, so the prompt's index is read first."""
 
     def __init__(self, prompt: list[int], draft_tokens: int, ngram: int):
         self.draft_tokens, self.ngram = draft_tokens, ngram
-        self.sequence: list[int] = []
-        self.first: list[dict] = [{} for _ in range(ngram + 1)]  # n -> {n-gram: where it first starts}
-        self.prompt_length = len(prompt)
-        self._extend(prompt)
-
-    def _extend(self, tokens: list[int]) -> None:
-        for token in tokens:
-            self.sequence.append(token)
-            end = len(self.sequence)
-            for size in range(1, min(self.ngram, end) + 1):
-                self.first[size].setdefault(tuple(self.sequence[end - size:]), end - size)
+        self.index = prompt_index(prompt, ngram)
+        self.sequence = list(self.index.tokens)  # the prompt, then the answer so far
+        self.first = [{} for _ in range(ngram + 1)]  # the n-grams reaching into the answer
 
     def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
-        self._extend(written[len(self.sequence) - self.prompt_length:])
+        known = len(self.sequence)
+        self.sequence += written[known - len(self.index.tokens):]
+        for size, first in enumerate(first_starts(self.sequence, self.ngram, range(known + 1, len(self.sequence) + 1))):
+            for gram, start in first.items():
+                self.first[size].setdefault(gram, start)
         sequence, length = self.sequence, len(self.sequence)
         for size in range(min(self.ngram, length - 1), 0, -1):
             # the first occurrence with tokens after it: an n-gram first seen at the end has none, nor any later one
-            start = self.first[size][tuple(sequence[length - size:])] + size
+            tail = tuple(sequence[length - size:])
+            start = self.index.first[size].get(tail, self.first[size].get(tail)) + size
             if start < length:
                 return before_stop(sequence[start:start + min(self.draft_tokens, most)], stop)
         return []
@@ -142,29 +170,32 @@ class AssistantDrafts:
     def __init__(self, model, prompt: list[int], draft_tokens: int):
         from transformers import DynamicCache
         self.model, self.prompt, self.draft_tokens = model, list(prompt), draft_tokens
-        self.cache, self.fed = DynamicCache(config=model.config), []
+        self.cache = DynamicCache(config=model.config)
         self.cache.activate_past_recording()  # a sliding-window layer can give back drafts it has let go of
+        self.fed: list[int] | None = None  # the answer's tokens its cache holds after the prompt (None: nothing yet)
 
     @torch.inference_mode()
     def drafts(self, written: list[int], most: int, stop=frozenset()) -> list[int]:
-        sequence = self.prompt + written
+        """``written``: the answer so far, never empty (the target writes its first token before any draft)."""
         most = min(self.draft_tokens, most)
         if most < 1:
             return []
-        same = 0
-        for mine, theirs in zip(self.fed, sequence):
-            if mine != theirs:
-                break
-            same += 1
-        same = min(same, len(sequence) - 1)  # the last token is fed again for the next logits
-        if self.fed:
+        if self.fed is None:
+            feed, self.fed = self.prompt + written, list(written)
+        else:
+            same = 0
+            for mine, theirs in zip(self.fed, written):
+                if mine != theirs:
+                    break
+                same += 1
+            same = min(same, len(written) - 1)  # the last token is fed again for the next logits
             self.cache.crop(same - len(self.fed))  # also holds a sliding layer to its window again
-            self.fed = self.fed[:same]
+            feed = written[same:]
+            self.fed = self.fed[:same] + feed
         device = next(self.model.parameters()).device
-        feed, out = sequence[same:], []
+        out = []
         while True:
             logits = self.model(torch.tensor([feed], device=device), cache=self.cache, use_cache=True).logits[0, -1]
-            self.fed += feed
             token = int(logits.argmax())
             if token in stop:
                 break
@@ -172,6 +203,7 @@ class AssistantDrafts:
             if len(out) == most:
                 break
             feed = [token]
+            self.fed.append(token)
         return out
 
 
@@ -185,24 +217,13 @@ def drafting(options: SpeculationOptions, assistant=None):
     return None
 
 
-def assistant_config(name: str):
-    """The ``conf/model`` node of a draft model."""
-    from omegaconf import OmegaConf
-    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
-    if not path.exists():
-        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise InputError(f"decoding.assistant={name!r} is not a model config; choose one of {', '.join(names)}")
-    return OmegaConf.load(path)
-
-
 def load_assistant(options: SpeculationOptions, target_tokenizer, device):
     """The draft model of ``speculative=assistant`` (None otherwise); its vocabulary must be the target's."""
     if options.speculative != "assistant":
         return None
-    from .runner import load_model
-    model, tokenizer = load_model(assistant_config(options.assistant), device)
+    from .runner import load_model, model_config
+    model, tokenizer = load_model(model_config(options.assistant, "decoding.assistant"), device)
     if tokenizer.get_vocab() != target_tokenizer.get_vocab():
         raise InputError(f"decoding.assistant={options.assistant}: its tokenizer's vocabulary is not the target "
                          "model's; a draft model must share it")
-    model.eval()
     return model

@@ -33,7 +33,6 @@ from typing import NamedTuple
 
 import torch
 
-from .decoding_cuts import tokens_before_cut as tokens_before_cut_of
 from .errors import InputError
 from .method import Method
 from .timing import Ledger
@@ -278,12 +277,13 @@ def state_of(cache) -> CacheState | None:
 
 def tokens_before_cut(cache) -> int | None:
     """How many tokens a pass on ``cache`` may carry before a cut while decoding falls inside it (its setting's
-    ``decode_interval`` less the tokens buffered since the last cut); None where the setting does not cut while
-    decoding. A speculative pass drafts at most one less (the last accepted token comes first)."""
+    ``decode_interval`` less the tokens every layer's buffer has counted since the last cut, none yet: a whole
+    interval); None where the setting does not cut while decoding. A speculative pass drafts at most one less (the last
+    accepted token comes first)."""
     state = state_of(cache)
     if state is None or state.cfg is None or not (state.cfg.compresses and state.cfg.decodes):
         return None
-    return tokens_before_cut_of(state.cfg, state.decoding.values())
+    return state.cfg.decode_interval - max((buffer.steps for buffer in state.decoding.values()), default=0)
 
 
 @contextmanager

@@ -95,13 +95,6 @@ def due(cfg, buffer: DecodingBuffer, by_pass: bool = True) -> bool:
                                                    buffer.hidden[-1].shape[1] >= cfg.decode_target)
 
 
-def tokens_before_cut(cfg, buffers) -> int:
-    """How many more tokens a setting cutting while decoding takes before its next cut (each layer's buffer counts
-    the same tokens; none yet: a whole interval). A speculative pass longer than this could be verified on a cache
-    plain decoding would have cut inside it."""
-    return cfg.decode_interval - max((buffer.steps for buffer in buffers), default=0)
-
-
 def check_buffer(cfg, rows: int, needed: int) -> None:
     """A method reading the queries of more decoded tokens than the buffer holds is refused in one line."""
     if needed > rows:

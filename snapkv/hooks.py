@@ -238,10 +238,9 @@ class CompressionSession:
         self.question_tokens = question_tokens
         self.layers = decoder_layers(model)
         self._rotary = getattr(self.decoder, "rotary_emb", None)
-        # whether the model has sliding-window layers (each module's probe, once)
-        self._slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
+        slides = any(reading(attention_of(layer)).form.sliding_window is not None for layer in self.layers)
         for one in cfgs:
-            if one.compresses and (one.rerotates_keys or one.scores_after_prefill) and self._slides:
+            if one.compresses and (one.rerotates_keys or one.scores_after_prefill) and slides:
                 what = ("re-rotated keys need every layer cut to the same tokens" if one.rerotates_keys else
                         "its replay scores every layer's whole prompt after the prefill")
                 raise InputError(f"{one.method}: {what}, which the sliding-window layers of "

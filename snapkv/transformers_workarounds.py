@@ -8,7 +8,7 @@ replaces; nothing else in ``snapkv`` touches transformers internals.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
@@ -93,11 +93,12 @@ def rolls_back(cache, crop) -> None:
     cache.crop = crop
 
 
-def checked_generate(model, generate, speculation_refused=lambda: None, speculating=None, room=None):
+def checked_generate(model, generate, speculation_refused, speculating, room):
     """``generate`` with the decoding strategies a compressed cache cannot follow refused (it
     replaces ``model.generate`` while a compression session is attached); speculative decoding (an
     ``assistant_model`` or ``prompt_lookup_num_tokens``) runs as ``speculative_generate``, unless
-    ``speculation_refused()`` gives the reason the session's settings cannot follow it."""
+    ``speculation_refused()`` gives the reason the session's settings cannot follow it (``speculating`` and
+    ``room``: as ``speculative_generate`` takes them)."""
     def run(*args, **kwargs):
         config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
 
@@ -121,7 +122,7 @@ def checked_generate(model, generate, speculation_refused=lambda: None, speculat
 SPECULATION = ("assistant_model", "prompt_lookup_num_tokens")
 
 
-def speculative_generate(model, generate, args, kwargs, setting, speculating=None, room=None):
+def speculative_generate(model, generate, args, kwargs, setting, speculating, room):
     """Assisted or prompt-lookup decoding on a cache the session compresses: the first pass of transformers' own
     would carry the prompt and the first drafts together, and the drafts would be compressed as if they were the
     prompt. So the prompt is prefilled alone first (``generate`` of one token, the first token as plain decoding
@@ -157,8 +158,7 @@ def speculative_generate(model, generate, args, kwargs, setting, speculating=Non
     # ones included: the session drops those from that pass (``repeated_prefix``)
     setattr(cache, REPEATED_PREFIX, cache.get_seq_length())
     try:
-        with (speculating(cache) if speculating else nullcontext()), \
-                capped_drafts(model, lambda: None if room is None else room(cache)):
+        with speculating(cache), capped_drafts(model, lambda: room(cache)):
             return generate(first, cache=cache, max_new_tokens=new_tokens - 1, min_new_tokens=max(at_least - 1, 0),
                             **rest)
     finally:

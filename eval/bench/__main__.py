@@ -1,7 +1,6 @@
 """python -m eval.bench: decode speed, prefill time and memory, full KV vs compressed (Hydra app)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -242,18 +241,16 @@ def run_speculative(cfg: DictConfig) -> dict:
     """``bench.speculative.enabled``: greedy against prompt-lookup and assisted decoding over full and compressed
     caches (``eval.bench.speculative``)."""
     from ..hydra_app import make_compressor, save_run_metadata
-    from ..runner import load_model
+    from ..runner import load_model, model_config
     from . import speculative as sp
     node = cfg.bench.speculative
     sp.settings_of(node)  # every setting valid before the model loads
+    draft_cfg = model_config(node.draft_model, "bench.speculative.draft_model") if node.draft_model else None
     out = output_dir(cfg)
     save_run_metadata(cfg, out, make_compressor(cfg.compressor), {"bench.speculative": OmegaConf.to_container(node)})
     device = resolve_device(cfg)
     model, tokenizer = load_model(cfg.model, device)
-    draft = None
-    if node.draft_model:
-        draft_cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "model" / f"{node.draft_model}.yaml")
-        draft, _ = load_model(draft_cfg, device, with_tokenizer=False)
+    draft = None if draft_cfg is None else load_model(draft_cfg, device, with_tokenizer=False)[0]
     result = sp.measure_speculative(model, sp.prompts(tokenizer, node, torch.device(device)), node, draft)
     result.update(model=cfg.model.name, draft_model=node.draft_model, device=str(device))
     write_json_atomic(out / "speculative.json", result)

@@ -120,8 +120,8 @@ def time_rows(model, node, chunk: int) -> list[dict]:
 def plan_rows(node) -> dict:
     """The longest input planned per method on each memory size, and the planned peaks at ``plan_lengths``, for
     ``plan_model`` (its config's architecture, dtype and attention)."""
-    from pathlib import Path
-    model = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "model" / f"{node.plan_model}.yaml")
+    from ..runner import model_config
+    model = model_config(node.plan_model, "bench.prefill_memory.plan_model")
     arch = OmegaConf.to_container(model.architecture, resolve=True)
     dtype, attn = str(model.dtype), str(model.attn_implementation)
     out = {"model": str(node.plan_model), "dtype": dtype, "attn_implementation": attn, "longest": [], "peaks": []}

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from ..speculation import speculation_options
+
 
 def _config(run: Path) -> dict:
     path = run / "config.yaml"
@@ -41,7 +43,6 @@ def run_label(cfg: dict) -> str:
 
 def decoding_label(cfg: dict) -> str:
     """How a run decoded, where it speculated (``prompt lookup 10``, ``assisted by NAME (10)``); else empty."""
-    from ..speculation import speculation_options
     options = speculation_options(cfg)
     if options.speculative == "prompt_lookup":
         return f"prompt lookup {options.draft_tokens}" + (f", n-grams {options.ngram}" if options.ngram != 2 else "")
