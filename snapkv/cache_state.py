@@ -311,4 +311,4 @@ def speculating(cache):
 
 def set_state(cache, state: CacheState) -> None:
     setattr(cache, _STATE, state)
-    rolls_back(cache, lambda tokens: state_of(cache).crop(cache, tokens))
+    rolls_back(cache, lambda held, tokens: state_of(held).crop(held, tokens))

@@ -8,6 +8,7 @@ replaces; nothing else in ``snapkv`` touches transformers internals.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -89,8 +90,10 @@ def check_cache(cache) -> None:
 def rolls_back(cache, crop) -> None:
     """transformers rolls back rejected drafts (assisted and prompt-lookup decoding) with ``cache.crop(-n)``, which
     drops the last ``n`` slots of each layer: a compressed cache also rolls back its own positions and counts
-    (``CacheState.crop``), so the cache's ``crop`` is replaced."""
-    cache.crop = crop
+    (``crop(cache, -n)``: ``CacheState.crop``), so the cache's ``crop`` is replaced. It holds the cache weakly: a
+    cache referring to itself would stay in memory, its tensors with it, until the garbage collector next runs."""
+    held = weakref.ref(cache)
+    cache.crop = lambda tokens: crop(held(), tokens)
 
 
 def checked_generate(model, generate, speculation_refused, speculating, room):

@@ -385,3 +385,23 @@ def test_a_crop_into_a_prompt_cut_after_its_prefill_is_refused_too():
         model(repetitive_prompt(), cache=cache, use_cache=True)
         with pytest.raises(snapkv.InputError, match=r"^crop\(-1\): the cache was compressed after 100 tokens"):
             cache.crop(-1)
+
+
+def test_a_cache_that_rolls_back_is_freed_as_soon_as_it_is_dropped(models):
+    """The crop a session installs holds its cache weakly: no reference cycle keeps a finished cache (its tensors)
+    alive until the garbage collector runs, so the next prompt's peak does not carry it (eval.bench's measured
+    peaks saw it)."""
+    import gc
+    import weakref
+    model, _ = models
+    gc.disable()
+    try:
+        with torch.no_grad(), snapkv.compress(model, snapkv.SnapKV(budget=40, window=8, kernel=5)):
+            cache = DynamicCache(config=model.config)
+            model(repetitive_prompt(), cache=cache, use_cache=True)
+            cache.crop(0)
+            keys = weakref.ref(cache.layers[0].keys)
+            del cache
+        assert keys() is None
+    finally:
+        gc.enable()
